@@ -1,0 +1,88 @@
+# krfs build, test and benchmark entry points. `make test` is what CI runs.
+#
+# Variables (override on the command line, e.g. `make bench BENCH=UDP`):
+#   FUZZTIME       how long `make test` fuzzes each Fuzz target (10s)
+#   FUZZ_PKGS      packages `make test` fuzzes (./verbs/softnic/wire)
+#   LONG_FUZZTIME  how long `make fuzz` fuzzes each Fuzz target (5m)
+#   BENCH          regexp of benchmarks to run (.)
+#   BENCHTIME      -benchtime of each benchmark (1s)
+#   BENCHCOUNT     -count of each benchmark (1)
+#   BENCH_PKGS     packages to benchmark (./...)
+#   TEST_TIMEOUT   -timeout of go test (20m)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+GO ?= go
+GOFMT ?= gofmt
+
+FUZZTIME ?= 10s
+FUZZ_PKGS ?= ./verbs/softnic/wire
+LONG_FUZZTIME ?= 5m
+BENCH ?= .
+BENCHTIME ?= 1s
+BENCHCOUNT ?= 1
+BENCH_PKGS ?= ./...
+TEST_TIMEOUT ?= 20m
+
+# Every package directory holding a Fuzz function, for `make fuzz`.
+ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
+	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
+
+.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench clean
+
+build:
+	$(GO) build ./...
+	@if [ -d cmd/krfs ]; then \
+		mkdir -p bin && echo "$(GO) build -o bin/krfs ./cmd/krfs" && \
+		$(GO) build -o bin/krfs ./cmd/krfs; \
+	fi
+
+test: lint
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory fuzz-short
+
+lint: vet fmtcheck
+
+vet:
+	$(GO) vet ./...
+
+# Fails listing every Go file gofmt would change (testdata and .git excluded).
+fmtcheck:
+	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path '*/testdata/*' -print0 \
+		| xargs -0 -r $(GOFMT) -l); \
+	if [ -n "$$files" ]; then \
+		echo "gofmt: these files are not formatted (run gofmt -w):"; \
+		echo "$$files"; \
+		exit 1; \
+	fi
+
+# run_fuzz PKGS, TIME: runs every Fuzz target of each package in PKGS for
+# TIME, one at a time (go test -fuzz takes one target per run). Packages that
+# do not exist or have no Fuzz targets are skipped silently.
+define run_fuzz
+for pkg in $(1); do \
+	dir=$${pkg#./}; \
+	[ -d "$$dir" ] || continue; \
+	list=$$($(GO) test -list '^Fuzz' "./$$dir"); \
+	for f in $$(printf '%s\n' "$$list" | grep -E '^Fuzz' || true); do \
+		echo "fuzz ./$$dir $$f for $(2)"; \
+		$(GO) test -run='^$$' -fuzz="^$$f\$$" -fuzztime=$(2) "./$$dir"; \
+	done; \
+done
+endef
+
+# A short fuzz of FUZZ_PKGS, part of `make test`.
+fuzz-short:
+	@$(call run_fuzz,$(FUZZ_PKGS),$(FUZZTIME))
+
+# Longer fuzzing of every package that has Fuzz targets.
+fuzz:
+	@$(call run_fuzz,$(ALL_FUZZ_PKGS),$(LONG_FUZZTIME))
+
+bench:
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) $(BENCH_PKGS)
+
+clean:
+	rm -rf bin

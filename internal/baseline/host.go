@@ -1,0 +1,83 @@
+package baseline
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Host runs the baselines with both ends bound to one local address.
+// The zero Host uses 127.0.0.1.
+type Host struct {
+	// Addr is an IPv4 or IPv6 address of this machine, without a zone.
+	Addr netip.Addr
+}
+
+// Loopback is the Host the package-level functions use.
+var Loopback = Host{Addr: netip.AddrFrom4([4]byte{127, 0, 0, 1})}
+
+// Limits of the arguments.
+const (
+	// MaxUDPSize is the largest UDP payload the UDP baselines accept (the
+	// IPv4 limit).
+	MaxUDPSize = 65507
+	// MaxOutstanding bounds EchoRate's requests in flight.
+	MaxOutstanding = 4096
+	// MaxTCPMsgSize bounds TCPBandwidth's message size.
+	MaxTCPMsgSize = 1 << 30
+)
+
+// ErrNoReply reports that the peer of a baseline stopped answering: a lost
+// datagram in a ping-pong, or an echo server that never replied.
+var ErrNoReply = errors.New("baseline: no reply")
+
+// udpTimeout is how long a UDP client waits for a reply before it gives
+// up (ping-pong) or assumes its requests were lost (echo rate).
+const udpTimeout = time.Second
+
+func (h Host) addr() (netip.Addr, error) {
+	a := h.Addr
+	if !a.IsValid() {
+		return Loopback.Addr, nil
+	}
+	a = a.Unmap()
+	if a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("baseline: address %v: zoned addresses are not supported", a)
+	}
+	return a, nil
+}
+
+// UDPPingPong measures iters UDP round trips of size-byte datagrams on
+// 127.0.0.1; see Host.UDPPingPong.
+func UDPPingPong(iters int, size int) (Latencies, error) {
+	return Loopback.UDPPingPong(iters, size)
+}
+
+// EchoRate measures echoed requests per second on 127.0.0.1; see
+// Host.EchoRate.
+func EchoRate(outstanding int, size int, d time.Duration) (opsPerSec float64, err error) {
+	return Loopback.EchoRate(outstanding, size, d)
+}
+
+// TCPBandwidth measures request/response bandwidth over one TCP connection
+// on 127.0.0.1 with one request outstanding; see Host.TCPBandwidth.
+func TCPBandwidth(msgSize int, total int64) (bytesPerSec float64, err error) {
+	return Loopback.TCPBandwidth(msgSize, total, 1)
+}
+
+// TCPConnectRoundTrip measures TCP connection setup plus one round trip on
+// 127.0.0.1; see Host.TCPConnectRoundTrip.
+func TCPConnectRoundTrip(iters int) (Latencies, error) {
+	return Loopback.TCPConnectRoundTrip(iters)
+}
+
+func checkUDPArgs(what string, count, size int) error {
+	if count < 1 {
+		return fmt.Errorf("baseline: %s: count %d < 1", what, count)
+	}
+	if size < 1 || size > MaxUDPSize {
+		return fmt.Errorf("baseline: %s: size %d outside [1, %d]", what, size, MaxUDPSize)
+	}
+	return nil
+}

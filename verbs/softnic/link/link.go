@@ -1,0 +1,115 @@
+// Package link is the seam between the softnic protocol engine and a
+// network: the Link interface that carries softnic packets between devices,
+// the Receiver a link delivers to, and the Clock that all softnic timers
+// read. Implementations: udplink (real UDP sockets, the default) and
+// softnictest (an in-memory network that drops, duplicates, reorders and
+// delays packets under a manual clock).
+//
+// # Receive contract and zero-copy steering
+//
+// A link learns a packet's header before it places the payload. For every
+// packet it calls Receiver.Steer with the header bytes and the payload
+// length; Steer may return a slice of exactly that length (memory the
+// payload should land in, typically a registered MR: a READ response's
+// destination or a WRITE's target), or nil. The link then places the
+// payload there — for UDP, the kernel's socket copy writes straight into
+// it — or into a scratch buffer, and calls Receiver.Deliver with the real
+// header and the payload slice. Deliver learns whether steering happened by
+// comparing the payload slice with what it expects; it must not assume it.
+//
+// When a link receives several packets at once (UDP GRO coalescing), it
+// knows only the first header before receiving. It then calls Steer for
+// packet i of the batch with the first packet's header and index i; the
+// receiver predicts (for example PSN+i of the same QP). Predictions can be
+// wrong; Deliver always sees the real header, so a wrong prediction costs a
+// copy or a retransmission, never corruption of accepted data. Receivers
+// therefore steer only into memory that is not yet valid (the next bytes
+// expected by an in-progress transfer).
+//
+// Steer and Deliver of one packet (or one batch) are called on the same
+// goroutine, in that order, with no other Steer or Deliver of the same link
+// in between; Receiver.RxLock/RxUnlock bracket them so that the engine can
+// keep steered memory alive (a flushed READ's buffer must not be written
+// after its completion was reported).
+package link
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Packet is one datagram to send: Hdr followed by Payload. The link does
+// not retain either slice after Send returns.
+type Packet struct {
+	To      netip.AddrPort
+	Hdr     []byte
+	Payload []byte
+}
+
+// Len is the datagram length.
+func (p *Packet) Len() int { return len(p.Hdr) + len(p.Payload) }
+
+// Link carries datagrams between devices.
+type Link interface {
+	// LocalAddr is the address other devices send to.
+	LocalAddr() netip.AddrPort
+	// Send transmits packets in order. It may group consecutive packets to
+	// one destination (GSO, sendmmsg). It returns once the payloads have
+	// been copied out; errors are transient link errors (the protocol's
+	// retransmission covers lost packets).
+	Send(pkts []Packet) error
+	// Start begins delivering received packets to r from the link's own
+	// goroutine(s). It is called once.
+	Start(r Receiver)
+	// MaxPayload is the largest datagram the link carries.
+	MaxDatagram() int
+	// Stats reports link counters.
+	Stats() Stats
+	// Close stops delivery and waits for the link's goroutines to exit.
+	Close() error
+}
+
+// Stats are link-level counters.
+type Stats struct {
+	TxDatagrams, RxDatagrams uint64
+	TxBytes, RxBytes         uint64
+	TxSyscalls, RxSyscalls   uint64
+	TxErrors, RxErrors       uint64
+	Truncated                uint64 // datagrams too large for the receive buffers
+}
+
+// Receiver consumes packets from a link.
+type Receiver interface {
+	// RxLock and RxUnlock bracket each Steer/Deliver sequence.
+	RxLock()
+	RxUnlock()
+	// Steer returns where the payload of packet index of a received batch
+	// should land: a slice of len payloadLen, or nil for scratch. hdr is the
+	// header of the batch's first packet (see package doc).
+	Steer(from netip.AddrPort, hdr []byte, index int, payloadLen int) []byte
+	// Deliver hands over one received packet. hdr and payload are valid
+	// only during the call. Malformed packets are the receiver's to count.
+	Deliver(from netip.AddrPort, hdr []byte, payload []byte)
+}
+
+// Clock is the time source of the softnic engine.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine after d.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a stoppable timer from a Clock.
+type Timer interface {
+	// Stop prevents the call if it has not started; it reports whether it
+	// did.
+	Stop() bool
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+func (SystemClock) Now() time.Time { return time.Now() }
+func (SystemClock) AfterFunc(d time.Duration, f func()) Timer {
+	return time.AfterFunc(d, f)
+}

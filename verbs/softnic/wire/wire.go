@@ -1,0 +1,410 @@
+// Package wire is the softnic packet format: a RoCEv2-like transport header
+// carried in UDP datagrams. It is a leaf package: it imports nothing from
+// the rest of krfs, holds no state, and every function is safe on garbage
+// input.
+//
+// # Packet layout (version 1)
+//
+// All integers are big-endian. A packet is a base header, the extension
+// headers its opcode and flags call for, in the order listed, then payload.
+//
+//	Base header (BTH analogue), 16 bytes:
+//	  0  u8   magic 0x4B ('K')
+//	  1  u8   version (1)
+//	  2  u8   opcode (Op*)
+//	  3  u8   flags (Flag*)
+//	  4  u32  destination QPN (24 bits used; a DCT number for DC requests)
+//	  8  u32  source QPN (24 bits used)
+//	  12 u32  PSN (24 bits used)
+//	DCETH, 12 bytes, if FlagDC (requests from a DCI):
+//	  0  u64  DC key
+//	  8  u32  session PSN: first PSN of the DCI's current session with
+//	          this target (24 bits); a newer session resets the DCT's
+//	          transient state for this initiator
+//	RETH, 20 bytes, on READ requests and on the first packet of a WRITE:
+//	  0  u64  remote address (offset within the MR)
+//	  8  u32  rkey
+//	  12 u32  DMA length of the whole message
+//	  16 u32  READ only: payload bytes per response packet (the
+//	          requester's path MTU); 0 on WRITE
+//	AtomicETH, 28 bytes, on CMP_SWAP and FETCH_ADD:
+//	  0  u64  remote address
+//	  8  u32  rkey
+//	  12 u64  swap value (CMP_SWAP) or addend (FETCH_ADD)
+//	  20 u64  compare value (CMP_SWAP)
+//	ImmDt, 4 bytes, if FlagImm (on the last packet of a message):
+//	  0  u32  immediate data
+//	AETH, 8 bytes, on ACK, ATOMIC_ACK and READ_RESP packets:
+//	  0  u8   syndrome (Syn*)
+//	  1  u8   reason (why a NAK was sent; verbs.Reason values)
+//	  2  u16  RNR timer in microseconds (RNR NAK)
+//	  4  u32  MSN: count of completed messages (24 bits)
+//	AtomicAckETH, 8 bytes, on ATOMIC_ACK:
+//	  0  u64  original remote value
+//	CMETH, 24 bytes, on CM_* packets:
+//	  0  u32  service ID
+//	  4  u32  QPN of the sender's QP for this connection
+//	  8  u32  start PSN of the sender's QP
+//	  12 u32  path MTU
+//	  16 u64  connection ID chosen by the active side
+//	  CM payload is private data (at most MaxPrivate bytes).
+//
+// For a READ response the PSN of each packet is the request's PSN plus the
+// packet's index; a READ of N bytes at path MTU M takes ceil(N/M) PSNs
+// (at least one) on both sides. Every other request message takes one PSN
+// per packet.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Version is the format version this package writes and accepts.
+const Version = 1
+
+// Magic is the first byte of every packet.
+const Magic = 0x4B
+
+// Sizes of the header parts.
+const (
+	BaseLen      = 16
+	DCETHLen     = 12
+	RETHLen      = 20
+	AtomicETHLen = 28
+	ImmDtLen     = 4
+	AETHLen      = 8
+	AtomicAckLen = 8
+	CMETHLen     = 24
+	// MaxHeaderLen bounds every header: read this many bytes and HeaderLen
+	// can always decide.
+	MaxHeaderLen = BaseLen + DCETHLen + AtomicETHLen + ImmDtLen
+	// MaxPrivate bounds CM private data.
+	MaxPrivate = 192
+)
+
+// PSNMask keeps the 24 bits of a PSN.
+const PSNMask = 1<<24 - 1
+
+// Opcode is a packet opcode.
+type Opcode uint8
+
+const (
+	OpSend Opcode = iota + 1
+	OpWrite
+	OpReadReq
+	OpReadResp
+	OpCmpSwap
+	OpFetchAdd
+	OpAck
+	OpAtomicAck
+	OpCMReq
+	OpCMRep
+	OpCMRTU
+	OpCMRej
+	opMax
+)
+
+var opNames = [...]string{"", "SEND", "WRITE", "READ_REQ", "READ_RESP", "CMP_SWAP", "FETCH_ADD", "ACK", "ATOMIC_ACK", "CM_REQ", "CM_REP", "CM_RTU", "CM_REJ"}
+
+func (o Opcode) String() string {
+	if o > 0 && o < opMax {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Opcode(%d)", uint8(o))
+}
+
+// IsRequest reports whether o travels requester -> responder and takes a PSN.
+func (o Opcode) IsRequest() bool {
+	return o == OpSend || o == OpWrite || o == OpReadReq || o == OpCmpSwap || o == OpFetchAdd
+}
+
+// IsCM reports whether o is a connection-manager packet.
+func (o Opcode) IsCM() bool { return o >= OpCMReq && o <= OpCMRej }
+
+// Flags are base-header flags.
+type Flags uint8
+
+const (
+	FlagFirst     Flags = 1 << iota // first packet of a message
+	FlagLast                        // last packet of a message
+	FlagAckReq                      // responder must acknowledge this PSN
+	FlagImm                         // ImmDt present (last packet)
+	FlagDC                          // DCETH present
+	FlagSolicited                   // solicited event
+	flagsAll      = FlagFirst | FlagLast | FlagAckReq | FlagImm | FlagDC | FlagSolicited
+)
+
+// Syndrome is the AETH syndrome.
+type Syndrome uint8
+
+const (
+	SynAck       Syndrome = iota // positive acknowledgement
+	SynRNR                       // receiver not ready; retry after the RNR timer
+	SynNAKSeq                    // PSN sequence error: resend from the PSN in the header
+	SynNAKInv                    // invalid request (misaligned atomic, DC key, unknown QP, opcode)
+	SynNAKAccess                 // remote access error (rkey, bounds, permission)
+	SynNAKOp                     // remote operational error (receive too small)
+	synMax
+)
+
+var synNames = [...]string{"ACK", "RNR_NAK", "NAK_SEQ", "NAK_INV_REQ", "NAK_REM_ACCESS", "NAK_REM_OP"}
+
+func (s Syndrome) String() string {
+	if s < synMax {
+		return synNames[s]
+	}
+	return fmt.Sprintf("Syndrome(%d)", uint8(s))
+}
+
+// Errors from Parse.
+var (
+	ErrShort   = errors.New("wire: packet too short")
+	ErrMagic   = errors.New("wire: bad magic")
+	ErrVersion = errors.New("wire: unsupported version")
+	ErrOpcode  = errors.New("wire: unknown opcode")
+	ErrFlags   = errors.New("wire: flags invalid for opcode")
+	ErrField   = errors.New("wire: field out of range")
+)
+
+// Header is a decoded packet header. Which fields are meaningful depends
+// on Op and Flags (see the package doc).
+type Header struct {
+	Op     Opcode
+	Flags  Flags
+	DestQP uint32
+	SrcQP  uint32
+	PSN    uint32
+
+	// DCETH
+	DCKey      uint64
+	SessionPSN uint32
+
+	// RETH / AtomicETH
+	VA      uint64
+	RKey    uint32
+	DMALen  uint32
+	RespMTU uint32 // READ: payload per response packet
+	Swap    uint64 // swap value or addend
+	Cmp     uint64
+
+	Imm uint32
+
+	// AETH
+	Syndrome Syndrome
+	Reason   uint8
+	RNRTimer uint16 // microseconds
+	MSN      uint32
+
+	// AtomicAckETH
+	Orig uint64
+
+	// CMETH
+	Service uint32
+	CMQPN   uint32
+	CMPSN   uint32
+	CMMTU   uint32
+	ConnID  uint64
+}
+
+func (h *Header) hasDCETH() bool { return h.Flags&FlagDC != 0 }
+func (h *Header) hasRETH() bool {
+	return h.Op == OpReadReq || (h.Op == OpWrite && h.Flags&FlagFirst != 0)
+}
+func (h *Header) hasAtomicETH() bool { return h.Op == OpCmpSwap || h.Op == OpFetchAdd }
+func (h *Header) hasImm() bool       { return h.Flags&FlagImm != 0 }
+func (h *Header) hasAETH() bool {
+	return h.Op == OpAck || h.Op == OpAtomicAck || h.Op == OpReadResp
+}
+func (h *Header) hasCMETH() bool { return h.Op.IsCM() }
+
+// Len is the encoded length of the header.
+func (h *Header) Len() int {
+	n := BaseLen
+	if h.hasDCETH() {
+		n += DCETHLen
+	}
+	if h.hasRETH() {
+		n += RETHLen
+	}
+	if h.hasAtomicETH() {
+		n += AtomicETHLen
+	}
+	if h.hasImm() {
+		n += ImmDtLen
+	}
+	if h.hasAETH() {
+		n += AETHLen
+	}
+	if h.Op == OpAtomicAck {
+		n += AtomicAckLen
+	}
+	if h.hasCMETH() {
+		n += CMETHLen
+	}
+	return n
+}
+
+// validate checks the combination of opcode and flags.
+func (h *Header) validate() error {
+	if h.Op == 0 || h.Op >= opMax {
+		return ErrOpcode
+	}
+	if h.Flags&^flagsAll != 0 {
+		return ErrFlags
+	}
+	if h.Flags&FlagDC != 0 && !h.Op.IsRequest() {
+		return ErrFlags
+	}
+	if h.Flags&FlagImm != 0 && (h.Op != OpSend && h.Op != OpWrite || h.Flags&FlagLast == 0) {
+		return ErrFlags
+	}
+	if h.DestQP > PSNMask || h.SrcQP > PSNMask || h.PSN > PSNMask || h.SessionPSN > PSNMask || h.MSN > PSNMask {
+		return ErrField
+	}
+	if h.hasAETH() && h.Syndrome >= synMax {
+		return ErrField
+	}
+	if h.Op == OpReadReq && h.RespMTU == 0 {
+		return ErrField
+	}
+	if h.Op == OpWrite && h.hasRETH() && h.RespMTU != 0 {
+		return ErrField
+	}
+	return nil
+}
+
+// HeaderLen returns the length of the header at the start of b, reading
+// only the base header. It fails if b is not a well-formed base header.
+func HeaderLen(b []byte) (int, error) {
+	if len(b) < BaseLen {
+		return 0, ErrShort
+	}
+	if b[0] != Magic {
+		return 0, ErrMagic
+	}
+	if b[1] != Version {
+		return 0, ErrVersion
+	}
+	h := Header{Op: Opcode(b[2]), Flags: Flags(b[3])}
+	if h.Op == 0 || h.Op >= opMax {
+		return 0, ErrOpcode
+	}
+	return h.Len(), nil
+}
+
+// Parse decodes the header at the start of b and returns it with the
+// header's length; the payload is b[n:].
+func Parse(b []byte) (h Header, n int, err error) {
+	n, err = HeaderLen(b)
+	if err != nil {
+		return h, 0, err
+	}
+	if len(b) < n {
+		return h, 0, ErrShort
+	}
+	be := binary.BigEndian
+	h.Op = Opcode(b[2])
+	h.Flags = Flags(b[3])
+	h.DestQP = be.Uint32(b[4:])
+	h.SrcQP = be.Uint32(b[8:])
+	h.PSN = be.Uint32(b[12:])
+	p := b[BaseLen:n]
+	if h.hasDCETH() {
+		h.DCKey = be.Uint64(p)
+		h.SessionPSN = be.Uint32(p[8:])
+		p = p[DCETHLen:]
+	}
+	if h.hasRETH() {
+		h.VA = be.Uint64(p)
+		h.RKey = be.Uint32(p[8:])
+		h.DMALen = be.Uint32(p[12:])
+		h.RespMTU = be.Uint32(p[16:])
+		p = p[RETHLen:]
+	}
+	if h.hasAtomicETH() {
+		h.VA = be.Uint64(p)
+		h.RKey = be.Uint32(p[8:])
+		h.Swap = be.Uint64(p[12:])
+		h.Cmp = be.Uint64(p[20:])
+		p = p[AtomicETHLen:]
+	}
+	if h.hasImm() {
+		h.Imm = be.Uint32(p)
+		p = p[ImmDtLen:]
+	}
+	if h.hasAETH() {
+		h.Syndrome = Syndrome(p[0])
+		h.Reason = p[1]
+		h.RNRTimer = be.Uint16(p[2:])
+		h.MSN = be.Uint32(p[4:])
+		p = p[AETHLen:]
+	}
+	if h.Op == OpAtomicAck {
+		h.Orig = be.Uint64(p)
+		p = p[AtomicAckLen:]
+	}
+	if h.hasCMETH() {
+		h.Service = be.Uint32(p)
+		h.CMQPN = be.Uint32(p[4:])
+		h.CMPSN = be.Uint32(p[8:])
+		h.CMMTU = be.Uint32(p[12:])
+		h.ConnID = be.Uint64(p[16:])
+	}
+	if err := h.validate(); err != nil {
+		return Header{}, 0, err
+	}
+	if h.hasCMETH() && len(b)-n > MaxPrivate {
+		return Header{}, 0, ErrField
+	}
+	return h, n, nil
+}
+
+// Append encodes h after b and returns the extended slice. It panics if h
+// is not valid (a programming error in the caller).
+func (h *Header) Append(b []byte) []byte {
+	if err := h.validate(); err != nil {
+		panic(fmt.Sprintf("wire: encoding invalid header %+v: %v", *h, err))
+	}
+	be := binary.BigEndian
+	b = append(b, Magic, Version, byte(h.Op), byte(h.Flags))
+	b = be.AppendUint32(b, h.DestQP)
+	b = be.AppendUint32(b, h.SrcQP)
+	b = be.AppendUint32(b, h.PSN)
+	if h.hasDCETH() {
+		b = be.AppendUint64(b, h.DCKey)
+		b = be.AppendUint32(b, h.SessionPSN)
+	}
+	if h.hasRETH() {
+		b = be.AppendUint64(b, h.VA)
+		b = be.AppendUint32(b, h.RKey)
+		b = be.AppendUint32(b, h.DMALen)
+		b = be.AppendUint32(b, h.RespMTU)
+	}
+	if h.hasAtomicETH() {
+		b = be.AppendUint64(b, h.VA)
+		b = be.AppendUint32(b, h.RKey)
+		b = be.AppendUint64(b, h.Swap)
+		b = be.AppendUint64(b, h.Cmp)
+	}
+	if h.hasImm() {
+		b = be.AppendUint32(b, h.Imm)
+	}
+	if h.hasAETH() {
+		b = append(b, byte(h.Syndrome), h.Reason)
+		b = be.AppendUint16(b, h.RNRTimer)
+		b = be.AppendUint32(b, h.MSN)
+	}
+	if h.Op == OpAtomicAck {
+		b = be.AppendUint64(b, h.Orig)
+	}
+	if h.hasCMETH() {
+		b = be.AppendUint32(b, h.Service)
+		b = be.AppendUint32(b, h.CMQPN)
+		b = be.AppendUint32(b, h.CMPSN)
+		b = be.AppendUint32(b, h.CMMTU)
+		b = be.AppendUint64(b, h.ConnID)
+	}
+	return b
+}

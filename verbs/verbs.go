@@ -1,0 +1,555 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Errors returned synchronously by the API. Backends wrap them with detail;
+// test with errors.Is.
+var (
+	ErrInvalidArg   = errors.New("verbs: invalid argument")
+	ErrNoMR         = errors.New("verbs: SGE names no registered memory region")
+	ErrMRDead       = errors.New("verbs: memory region is deregistered")
+	ErrWrongPD      = errors.New("verbs: object belongs to another protection domain")
+	ErrBounds       = errors.New("verbs: SGE outside its memory region")
+	ErrAccess       = errors.New("verbs: memory region lacks the required access flag")
+	ErrLength       = errors.New("verbs: zero or oversized length")
+	ErrAlign        = errors.New("verbs: atomic address not 8-byte aligned")
+	ErrOpcode       = errors.New("verbs: opcode not supported on this QP type")
+	ErrQPState      = errors.New("verbs: QP state does not allow this")
+	ErrTransition   = errors.New("verbs: invalid QP state transition")
+	ErrQueueFull    = errors.New("verbs: work queue full")
+	ErrNoTarget     = errors.New("verbs: DCI work request without a DC target")
+	ErrClosed       = errors.New("verbs: device closed")
+	ErrDestroyed    = errors.New("verbs: object destroyed")
+	ErrCMRejected   = errors.New("verbs: connection request rejected")
+	ErrCMTimeout    = errors.New("verbs: connection request timed out")
+	ErrNoSuchTarget = errors.New("verbs: no such QP or service on the remote device")
+)
+
+// PostError reports which WR of a batch PostSend/PostRecv refused. WRs before
+// Index were posted; WRs from Index on were not.
+type PostError struct {
+	Index int
+	Err   error
+}
+
+func (e *PostError) Error() string { return fmt.Sprintf("verbs: WR %d: %v", e.Index, e.Err) }
+func (e *PostError) Unwrap() error { return e.Err }
+
+// Access are memory region access flags (IBV_ACCESS_*). Local read is always
+// allowed.
+type Access uint8
+
+const (
+	AccessLocalWrite Access = 1 << iota
+	AccessRemoteRead
+	AccessRemoteWrite
+	AccessRemoteAtomic
+
+	AccessAll = AccessLocalWrite | AccessRemoteRead | AccessRemoteWrite | AccessRemoteAtomic
+)
+
+func (a Access) String() string {
+	b := []byte("----")
+	if a&AccessLocalWrite != 0 {
+		b[0] = 'w'
+	}
+	if a&AccessRemoteRead != 0 {
+		b[1] = 'R'
+	}
+	if a&AccessRemoteWrite != 0 {
+		b[2] = 'W'
+	}
+	if a&AccessRemoteAtomic != 0 {
+		b[3] = 'A'
+	}
+	return string(b)
+}
+
+// QPType is the transport service of a QP.
+type QPType uint8
+
+const (
+	RC  QPType = iota + 1 // reliable connected
+	DCI                   // dynamically connected initiator: each WR names its target
+	DCT                   // dynamically connected target: receives through an SRQ
+)
+
+func (t QPType) String() string {
+	switch t {
+	case RC:
+		return "RC"
+	case DCI:
+		return "DCI"
+	case DCT:
+		return "DCT"
+	}
+	return fmt.Sprintf("QPType(%d)", uint8(t))
+}
+
+// QPState is a QP's state (IBV_QPS_*).
+type QPState uint8
+
+const (
+	StateReset QPState = iota
+	StateInit
+	StateRTR
+	StateRTS
+	StateErr
+)
+
+func (s QPState) String() string {
+	switch s {
+	case StateReset:
+		return "RESET"
+	case StateInit:
+		return "INIT"
+	case StateRTR:
+		return "RTR"
+	case StateRTS:
+		return "RTS"
+	case StateErr:
+		return "ERR"
+	}
+	return fmt.Sprintf("QPState(%d)", uint8(s))
+}
+
+// ValidTransition reports whether a QP may move from one state to another:
+// RESET->INIT->RTR->RTS, INIT->INIT and RTS->RTS (attribute changes), any
+// state to ERR and to RESET.
+func ValidTransition(from, to QPState) bool {
+	switch to {
+	case StateErr, StateReset:
+		return true
+	case StateInit:
+		return from == StateReset || from == StateInit
+	case StateRTR:
+		return from == StateInit
+	case StateRTS:
+		return from == StateRTR || from == StateRTS
+	}
+	return false
+}
+
+// Opcode is a send work request's operation.
+type Opcode uint8
+
+const (
+	OpRead Opcode = iota + 1
+	OpWrite
+	OpWriteImm
+	OpSend
+	OpSendImm
+	OpCmpSwap
+	OpFetchAdd
+	// OpRecv and OpRecvImm appear only in completions of receive WRs.
+	OpRecv
+	OpRecvWriteImm
+)
+
+func (o Opcode) String() string {
+	switch o {
+	case OpRead:
+		return "READ"
+	case OpWrite:
+		return "WRITE"
+	case OpWriteImm:
+		return "WRITE_WITH_IMM"
+	case OpSend:
+		return "SEND"
+	case OpSendImm:
+		return "SEND_WITH_IMM"
+	case OpCmpSwap:
+		return "CMP_SWAP"
+	case OpFetchAdd:
+		return "FETCH_ADD"
+	case OpRecv:
+		return "RECV"
+	case OpRecvWriteImm:
+		return "RECV_RDMA_WITH_IMM"
+	}
+	return fmt.Sprintf("Opcode(%d)", uint8(o))
+}
+
+// IsAtomic reports whether o is CMP_SWAP or FETCH_ADD.
+func (o Opcode) IsAtomic() bool { return o == OpCmpSwap || o == OpFetchAdd }
+
+// SendFlags modify a send WR (IBV_SEND_*).
+type SendFlags uint8
+
+const (
+	// Signaled asks for a completion on success. Errors complete always.
+	Signaled SendFlags = 1 << iota
+	// Fence makes the WR wait until all earlier READs and atomics of the
+	// same QP completed.
+	Fence
+	// Inline copies the payload at post time; the SGE's MR is not needed
+	// (InlineData is used instead).
+	Inline
+	// Solicited sets the solicited-event bit of a SEND.
+	Solicited
+)
+
+// AtomicSize is the operand size of CMP_SWAP and FETCH_ADD.
+const AtomicSize = 8
+
+// SGE is a scatter/gather element: Length bytes at Offset of MR.
+type SGE struct {
+	MR     MR
+	Offset uint64
+	Length uint32
+}
+
+// Bytes returns the memory the SGE names, or nil if it is invalid.
+func (s SGE) Bytes() []byte {
+	if s.MR == nil {
+		return nil
+	}
+	b := s.MR.Buf()
+	if s.Offset > uint64(len(b)) || uint64(s.Length) > uint64(len(b))-s.Offset {
+		return nil
+	}
+	return b[s.Offset : s.Offset+uint64(s.Length)]
+}
+
+// DCTarget names the DC target of a DCI work request: the remote device's
+// address, the DCT's number, and the DC key the DCT checks.
+type DCTarget struct {
+	Addr  netip.AddrPort
+	DCTN  uint32
+	DCKey uint64
+}
+
+// SendWR is a send-queue work request.
+type SendWR struct {
+	ID    uint64
+	Op    Opcode
+	Flags SendFlags
+	// Local is the data source (WRITE, SEND) or sink (READ, atomics: 8 bytes
+	// receiving the original remote value).
+	Local SGE
+	// InlineData is the payload of an Inline WRITE or SEND.
+	InlineData []byte
+	// RemoteAddr and RKey name remote memory for READ, WRITE and atomics.
+	RemoteAddr uint64
+	RKey       uint32
+	// CompareAdd is the compare value of CMP_SWAP or the addend of
+	// FETCH_ADD; Swap is the swap value of CMP_SWAP.
+	CompareAdd uint64
+	Swap       uint64
+	// Imm is the immediate data of *_WITH_IMM.
+	Imm uint32
+	// Target is required on a DCI and ignored elsewhere.
+	Target *DCTarget
+}
+
+// RecvWR is a receive-queue work request.
+type RecvWR struct {
+	ID    uint64
+	Local SGE
+}
+
+// Status is a work completion status (IBV_WC_*).
+type Status uint8
+
+const (
+	StatusSuccess Status = iota
+	StatusLocLenErr
+	StatusLocProtErr
+	StatusWRFlushErr
+	StatusRemInvReqErr
+	StatusRemAccessErr
+	StatusRemOpErr
+	StatusRetryExcErr
+	StatusRNRRetryExcErr
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusSuccess:
+		return "success"
+	case StatusLocLenErr:
+		return "local length error"
+	case StatusLocProtErr:
+		return "local protection error"
+	case StatusWRFlushErr:
+		return "WR flushed"
+	case StatusRemInvReqErr:
+		return "remote invalid request"
+	case StatusRemAccessErr:
+		return "remote access error"
+	case StatusRemOpErr:
+		return "remote operation error"
+	case StatusRetryExcErr:
+		return "transport retry counter exceeded"
+	case StatusRNRRetryExcErr:
+		return "RNR retry counter exceeded"
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// Reason refines an error status with the responder's reason, so that
+// upper layers can tell, for example, a stale DC key (peer restarted) from
+// a bad rkey.
+type Reason uint8
+
+const (
+	ReasonNone       Reason = iota
+	ReasonRKey              // unknown or deregistered rkey
+	ReasonBounds            // range outside the MR
+	ReasonPerm              // MR lacks the access flag
+	ReasonAlign             // misaligned atomic
+	ReasonDCKey             // DC key mismatch
+	ReasonNoQP              // no such QP/DCT on the remote device
+	ReasonRecvLen           // message longer than the posted receive buffer
+	ReasonInvalidOp         // opcode not allowed by the remote QP
+	ReasonRemoteDown        // retries exhausted
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonNone:
+		return "none"
+	case ReasonRKey:
+		return "invalid rkey"
+	case ReasonBounds:
+		return "out of bounds"
+	case ReasonPerm:
+		return "permission denied"
+	case ReasonAlign:
+		return "misaligned atomic"
+	case ReasonDCKey:
+		return "DC key mismatch"
+	case ReasonNoQP:
+		return "no such QP"
+	case ReasonRecvLen:
+		return "receive buffer too small"
+	case ReasonInvalidOp:
+		return "invalid opcode"
+	case ReasonRemoteDown:
+		return "no response"
+	}
+	return fmt.Sprintf("Reason(%d)", uint8(r))
+}
+
+// WC is a work completion.
+type WC struct {
+	ID     uint64
+	Status Status
+	Reason Reason
+	Op     Opcode
+	QPN    uint32
+	// ByteLen is the received length (receive WCs) or the transferred length.
+	ByteLen uint32
+	Imm     uint32
+	HasImm  bool
+	// Source identifies the sender of a received message: its device address
+	// and QPN (for receives on DCT/SRQ, this is the DCI).
+	SrcAddr netip.AddrPort
+	SrcQPN  uint32
+}
+
+// Err returns nil for a successful completion and a descriptive error
+// otherwise.
+func (wc *WC) Err() error {
+	if wc.Status == StatusSuccess {
+		return nil
+	}
+	if wc.Reason != ReasonNone {
+		return fmt.Errorf("verbs: %v WR %d on QP %d: %v (%v)", wc.Op, wc.ID, wc.QPN, wc.Status, wc.Reason)
+	}
+	return fmt.Errorf("verbs: %v WR %d on QP %d: %v", wc.Op, wc.ID, wc.QPN, wc.Status)
+}
+
+// QPCaps bound a QP's queues.
+type QPCaps struct {
+	MaxSendWR   int // send queue depth
+	MaxRecvWR   int // receive queue depth (RC without SRQ)
+	MaxInline   int // largest Inline payload
+	MaxRdAtomic int // READs and atomics in flight (ORD)
+}
+
+// QPConfig describes a QP to create.
+type QPConfig struct {
+	Type   QPType
+	SendCQ CQ
+	RecvCQ CQ
+	SRQ    SRQ // required for DCT, optional for RC
+	Caps   QPCaps
+	// DCKey is the key a DCT checks on every request.
+	DCKey uint64
+}
+
+// QPAttr holds the attributes QP.Modify sets.
+type QPAttr struct {
+	State QPState
+	// Access is what remote peers may do through this QP (RC and DCT).
+	Access Access
+	// Path MTU in bytes of payload per packet.
+	PathMTU int
+	// Remote end of an RC QP.
+	RemoteAddr netip.AddrPort
+	RemoteQPN  uint32
+	// RQPSN is the first PSN expected from the peer (RTR); SQPSN is the
+	// first PSN this QP sends (RTS). 24 bits.
+	RQPSN uint32
+	SQPSN uint32
+	// Timeout is the local ACK timeout; RetryCnt and RNRRetry bound
+	// retransmissions (7 for RNRRetry means infinite, as in IB).
+	Timeout  time.Duration
+	RetryCnt int
+	RNRRetry int
+	// MinRNRTimer is the delay a responder asks for in an RNR NAK.
+	MinRNRTimer time.Duration
+}
+
+// QPInfo is a snapshot of a QP for listings.
+type QPInfo struct {
+	QPN       uint32
+	Type      QPType
+	State     QPState
+	Remote    netip.AddrPort
+	RemoteQPN uint32
+	SQPSN     uint32 // next PSN to send
+	RQPSN     uint32 // next PSN expected
+	Outstand  int    // WRs posted and not completed
+	Stats     QPStats
+}
+
+// QPStats are per-QP counters.
+type QPStats struct {
+	TxPackets, RxPackets uint64
+	TxBytes, RxBytes     uint64
+	Retransmits          uint64 // packets sent again
+	Timeouts             uint64 // retransmission timer expiries
+	NAKSeqSent, NAKSeqRx uint64 // PSN sequence NAKs sent and received
+	RNRNAKSent, RNRNAKRx uint64
+	ErrNAKSent, ErrNAKRx uint64 // access / invalid request NAKs
+	Duplicates           uint64 // duplicate requests answered from state
+	DCKeyRejects         uint64 // requests refused for a wrong DC key (DCT)
+	Errors               uint64 // transitions to ERR
+	Completions          uint64
+}
+
+// DeviceStats are per-device counters.
+type DeviceStats struct {
+	TxPackets, RxPackets uint64
+	TxBytes, RxBytes     uint64
+	TxSyscalls           uint64
+	RxSyscalls           uint64
+	Malformed            uint64 // packets that failed to parse
+	NoQP                 uint64 // packets for an unknown QPN
+	DCKeyRejects         uint64
+	Retransmits          uint64
+	Misplaced            uint64 // payload segments that landed where steering did not expect
+	QPs, MRs             int
+	MRBytes              uint64
+}
+
+// MR is a registered memory region.
+type MR interface {
+	// Buf is the registered memory. It belongs to the caller; the NIC reads
+	// and writes it while the MR is registered.
+	Buf() []byte
+	LKey() uint32
+	RKey() uint32
+	Access() Access
+	PD() PD
+	// Dereg unregisters the region. Later accesses with its keys fail.
+	Dereg() error
+}
+
+// PD is a protection domain: MRs are usable only by QPs of the same PD.
+type PD interface {
+	RegMR(buf []byte, access Access) (MR, error)
+	CreateQP(cfg QPConfig) (QP, error)
+	CreateSRQ(depth int) (SRQ, error)
+	Device() Device
+}
+
+// CQ is a completion queue.
+type CQ interface {
+	// Poll moves up to len(wcs) completions into wcs and returns how many.
+	Poll(wcs []WC) int
+	// Wait blocks until at least one completion is available (then returns
+	// nil) or ctx ends. It does not spin.
+	Wait(ctx context.Context) error
+	// Notify returns a channel that receives a value when completions are
+	// added; it has capacity 1 and is never closed.
+	Notify() <-chan struct{}
+	Destroy() error
+}
+
+// SRQ is a shared receive queue.
+type SRQ interface {
+	PostRecv(wrs []RecvWR) error
+	// Posted is the number of receive WRs waiting for messages.
+	Posted() int
+	Destroy() error
+}
+
+// QP is a queue pair.
+type QP interface {
+	QPN() uint32
+	Type() QPType
+	State() QPState
+	// Modify moves the QP to attr.State, applying the attributes the
+	// transition needs (see package doc).
+	Modify(attr QPAttr) error
+	// PostSend posts a batch of WRs with one doorbell.
+	PostSend(wrs []SendWR) error
+	// PostRecv posts receive WRs (RC without SRQ).
+	PostRecv(wrs []RecvWR) error
+	// SendQueueFree is how many more send WRs can be posted now.
+	SendQueueFree() int
+	Info() QPInfo
+	Destroy() error
+}
+
+// ConnRequest is what a passive RC side learns of an incoming connection.
+type ConnRequest struct {
+	RemoteAddr netip.AddrPort
+	RemoteQPN  uint32
+	Private    []byte
+}
+
+// AcceptFunc decides on a connection request: it returns a QP in RESET (or
+// an error to reject) and private data for the reply. The connection
+// manager moves the QP through INIT, RTR and RTS.
+type AcceptFunc func(req ConnRequest) (qp QP, private []byte, err error)
+
+// ConnParams tune a connection made by the connection manager.
+type ConnParams struct {
+	Access   Access
+	PathMTU  int
+	Timeout  time.Duration
+	RetryCnt int
+	RNRRetry int
+	// Private is carried to the passive side in the request.
+	Private []byte
+}
+
+// Device is an RDMA device (an RNIC port).
+type Device interface {
+	// Addr is the device's network address: the GID analogue other
+	// devices send to.
+	Addr() netip.AddrPort
+	AllocPD() (PD, error)
+	CreateCQ(depth int) (CQ, error)
+	// ListenRC registers a connection-manager service on this device.
+	ListenRC(service uint32, accept AcceptFunc) error
+	// ConnectRC brings qp (in RESET) up to RTS connected to the peer's
+	// service, with a request/reply/ready handshake. It returns the
+	// passive side's private data.
+	ConnectRC(ctx context.Context, qp QP, remote netip.AddrPort, service uint32, p ConnParams) ([]byte, error)
+	// MaxMTU is the largest path MTU the device supports.
+	MaxMTU() int
+	Stats() DeviceStats
+	QPs() []QPInfo
+	Close() error
+}
