@@ -1,0 +1,123 @@
+// Package udplink is the real-UDP implementation of link.Link: one UDP
+// socket per softnic device, driven by raw Linux system calls so that the
+// kernel's socket copy is the only copy a payload ever sees.
+//
+// # Opening a link
+//
+//	l, err := udplink.Open(udplink.DefaultConfig("127.0.0.1:0"))
+//	...
+//	l.Start(receiver) // begins delivery on the link's receive goroutine
+//	defer l.Close()
+//
+// Addresses are numeric ("192.0.2.1:4791", "[2001:db8::1]:0"); port 0 picks
+// a free port, LocalAddr reports it. An IPv6 link bound to "[::]" is dual
+// stack: it reaches IPv4 peers too, and reports their addresses unmapped
+// (as plain IPv4). DefaultConfig turns GSO and GRO on and sizes the socket
+// buffers to 8 MiB; the zero Config turns both offloads off.
+//
+// # Receiving: header first, payload in place
+//
+// A single goroutine, started by Start, owns the receive side. It blocks in
+// recvmsg on a blocking socket (not in Go's netpoller, whose cross-CPU
+// wakeups cost more than the rest of a round trip; see MACHINE.md), and per
+// datagram it
+//
+//  1. peeks (MSG_PEEK|MSG_TRUNC) the first wire.MaxHeaderLen bytes, the
+//     source address, the datagram's total length and, with GRO, the
+//     UDP_GRO control message carrying the segment size;
+//  2. takes the Receiver's RxLock and, if the first header parses
+//     (wire.HeaderLen), calls Steer for every packet of the datagram —
+//     packet i of a GRO batch with the FIRST packet's header and index i,
+//     its payload length computed from the segment size and the first
+//     header's length;
+//  3. receives the datagram for real with ONE recvmsg whose iovec scatters
+//     each steered payload straight into the memory Steer returned and
+//     everything else (headers, unsteered payloads) into a 64 KiB scratch
+//     buffer laid out like the datagram;
+//  4. checks each packet's real header length against the prediction and
+//     calls Deliver, then RxUnlock.
+//
+// A packet whose real header length differs from the prediction (a GRO
+// batch mixing, say, a first WRITE packet with RETH and middle packets
+// without it) had part of its payload placed at the wrong offset: the
+// link copies the steered bytes back behind the header in scratch, splits
+// the packet correctly and delivers the scratch copy (counted in
+// Counters.RxReassembled). The steered memory then holds garbage, which is
+// allowed: receivers only steer into memory that is not yet valid.
+//
+// Malformed packets are delivered, not dropped, so that the receiver
+// counts them: a packet whose base header does not parse, or whose header
+// is longer than the packet, is passed to Deliver whole as hdr with a nil
+// payload (an empty datagram as an empty hdr), and counted in
+// Counters.RxMalformed. Steer is never called for a datagram whose first
+// header does not parse.
+//
+// The hdr and payload slices given to Steer and Deliver are valid only
+// during the call. Steer must return a slice of exactly the payload length
+// or nil; any other length is treated as nil. Steer is called for
+// header-only packets too (payload length 0; nothing to steer), but not
+// for a last packet shorter than the predicted header, nor for packets
+// past the 128th of a batch (more than the kernel ever coalesces). Steer and Deliver run on the
+// receive goroutine; they may call Send but must not call Close.
+//
+// # Sending
+//
+// Send turns a slice of packets into messages for one sendmmsg system call
+// (repeated until every message is out). With GSO, consecutive packets to
+// the same destination where every packet has the length of the first
+// except possibly a shorter last one — at most 64 packets and 65507 bytes —
+// become a single message with a UDP_SEGMENT control message; the kernel
+// (or the NIC) cuts it back into datagrams. Each message's iovec points at
+// the callers' Hdr and Payload slices directly; nothing is staged. The
+// socket is blocking, so a full send buffer blocks Send rather than
+// dropping; EAGAIN and ENOBUFS, if they happen anyway, drop the message and
+// count it (the protocol retransmits).
+//
+// # Offload fallbacks
+//
+// Open probes UDP_SEGMENT and enables UDP_GRO; a kernel that refuses
+// either leaves that offload off (Counters.GSO, Counters.GRO, and
+// Counters.GROError say so). When the kernel rejects a GSO message (EIO,
+// EINVAL or EMSGSIZE) the link resends its packets one datagram each; if
+// that works the offload was at fault: after EIO (no checksum offload on
+// the route) GSO is off for the rest of the link's life, after EINVAL or
+// EMSGSIZE (segment larger than the path MTU allows) only segments of
+// that size and larger are sent without GSO from then on
+// (Counters.GSOMaxSegment). Every rejection counts in GSOFallbacks.
+//
+// # Threading and locks
+//
+// Send is safe for concurrent use. Its reusable buffers (message headers,
+// iovecs, address and control buffers) come from a sync.Pool, so
+// concurrent senders never wait for each other's system calls and a
+// sender blocked on a full socket buffer holds up nobody. A
+// sync.RWMutex, read-held for the length of each Send, guards the file
+// descriptor against Close, so a closed descriptor number can never be
+// reused under a running sendmmsg.
+//
+// # Closing
+//
+// Close marks the link closing and calls shutdown(SHUT_RDWR) on the
+// socket. For an unconnected UDP socket the kernel answers ENOTCONN but
+// still sets the shutdown flags and wakes every waiter; a recvmsg that is
+// blocked, or that starts later, then returns 0 with no source address.
+// Because the flag is state rather than an event, a wakeup cannot be lost
+// to a race with the receive goroutine (a wake-up datagram could be
+// dropped under a full buffer; a receive timeout would cost periodic
+// wakeups). Close then waits for the receive goroutine to exit, waits for
+// running Sends to finish, and closes the descriptor. Close is idempotent;
+// later calls return nil.
+//
+// # Counters
+//
+// Stats returns link.Stats; Counters adds the udplink-specific ones.
+// Datagram counters count softnic packets (a GSO message or GRO batch of n
+// packets counts n); syscall counters count system calls, so the ratio
+// shows how well batching works. RxErrors counts failed receive calls,
+// TxErrors packets the kernel refused (including drops), Truncated
+// datagrams (only GRO batches can be) larger than the 64 KiB receive
+// scratch, whose complete leading packets are still delivered.
+//
+// udplink needs Linux (UDP GSO since 4.18, GRO since 5.0); on other
+// systems Open returns ErrUnsupported.
+package udplink

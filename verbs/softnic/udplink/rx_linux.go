@@ -1,0 +1,251 @@
+package udplink
+
+import (
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/verbs/softnic/wire"
+)
+
+const (
+	// scratchLen holds any UDP datagram (at most 65527 bytes) and GRO
+	// batches up to the default 64 KiB GRO limit.
+	scratchLen = 1 << 16
+	// maxRxSegs bounds the packets of one GRO batch that can be steered:
+	// the kernel coalesces at most 64 (UDP_GRO_CNT_MAX) and a GSO sender
+	// sends at most 128 (UDP_MAX_SEGMENTS). Packets beyond it go to scratch
+	// without a Steer call.
+	maxRxSegs = 128
+)
+
+// rxState is the receive goroutine's memory: one heap object, allocated
+// by Start, that every msghdr and iovec points into, so it lives as long
+// as any system call that uses it. Only the receive goroutine touches it.
+type rxState struct {
+	fd int
+
+	peekBuf [wire.MaxHeaderLen]byte
+	ctrl    [8]uint64 // control messages of the peek; uint64 for cmsghdr alignment
+	from    unix.RawSockaddrAny
+	peekIov unix.Iovec
+	peekMsg unix.Msghdr // MSG_PEEK: peekBuf, from, ctrl
+
+	msg     unix.Msghdr // the real receive: iov, no name, no control
+	iov     [2*maxRxSegs + 1]unix.Iovec
+	steered [maxRxSegs][]byte // Steer's result per packet of the current datagram; nil when none
+
+	scratch [scratchLen]byte // the datagram, laid out as on the wire, minus steered payloads
+}
+
+func newRxState(fd int) *rxState {
+	rx := &rxState{fd: fd}
+	setIov(&rx.peekIov, rx.peekBuf[:])
+	rx.peekMsg.Name = (*byte)(unsafe.Pointer(&rx.from))
+	rx.peekMsg.Iov = &rx.peekIov
+	rx.peekMsg.SetIovlen(1)
+	rx.peekMsg.Control = (*byte)(unsafe.Pointer(&rx.ctrl[0]))
+	rx.msg.Iov = &rx.iov[0]
+	return rx
+}
+
+// rxLoop is the receive goroutine.
+func (l *Link) rxLoop(r link.Receiver, rx *rxState) {
+	defer close(l.rxDone)
+	for {
+		total, gso, errno := rx.peek()
+		l.c.rxSyscalls.Add(1)
+		if l.closing.Load() {
+			return
+		}
+		switch errno {
+		case 0:
+		case unix.EINTR, unix.EAGAIN:
+			continue
+		case unix.EBADF:
+			return // cannot happen while Close waits for us; do not spin
+		default:
+			// Unexpected (ENOMEM, a stray socket error): count it, and do
+			// not spin on it if it persists.
+			l.c.rxErrors.Add(1)
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if total == 0 && rx.peekMsg.Namelen == 0 {
+			// shutdown: recvmsg returns 0 without a source address (an
+			// empty datagram has one).
+			return
+		}
+		l.receive(r, rx, total, gso)
+	}
+}
+
+// peek reads the head of the next datagram without consuming it and
+// returns its total length and its GRO segment size (0 if not a batch).
+func (rx *rxState) peek() (total, gso int, errno unix.Errno) {
+	rx.peekMsg.Namelen = unix.SizeofSockaddrAny
+	rx.peekMsg.SetControllen(len(rx.ctrl) * 8)
+	rx.peekMsg.Flags = 0
+	n, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(rx.fd),
+		uintptr(unsafe.Pointer(&rx.peekMsg)), unix.MSG_PEEK|unix.MSG_TRUNC)
+	if e != 0 {
+		return 0, 0, e
+	}
+	return int(n), rx.groSize(), 0
+}
+
+// groSize finds the UDP_GRO control message of the last peek.
+func (rx *rxState) groSize() int {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&rx.ctrl[0])), len(rx.ctrl)*8)
+	b = b[:min(int(rx.peekMsg.Controllen), len(b))]
+	for len(b) >= cmsgDataOff {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+		n := int(h.Len)
+		if n < cmsgDataOff || n > len(b) {
+			return 0
+		}
+		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && n >= cmsgLenInt32 {
+			return int(*(*int32)(unsafe.Pointer(&b[cmsgDataOff])))
+		}
+		b = b[min(unix.CmsgSpace(n-cmsgDataOff), len(b)):]
+	}
+	return 0
+}
+
+// consume receives the peeked datagram into the first niov entries of
+// rx.iov and returns the bytes received (a datagram larger than the
+// iovec is cut short).
+func (rx *rxState) consume(niov int) (n int, errno unix.Errno) {
+	if niov == 0 {
+		rx.msg.Iov = nil
+	} else {
+		rx.msg.Iov = &rx.iov[0]
+	}
+	rx.msg.SetIovlen(niov)
+	for {
+		rx.msg.Flags = 0
+		r1, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(rx.fd), uintptr(unsafe.Pointer(&rx.msg)), 0)
+		if e == unix.EINTR {
+			continue
+		}
+		return int(r1), e
+	}
+}
+
+// receive steers, receives and delivers the datagram at the head of the
+// queue: total bytes, GRO segment size gso (0: a single packet).
+func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
+	from := addrPortFromRaw(&rx.from, rx.peekMsg.Namelen)
+	seg := total // bytes per packet
+	if gso > 0 && gso < total {
+		seg = gso
+	}
+	limit := total // bytes this link will take
+	if total > scratchLen {
+		limit = scratchLen / seg * seg // whole packets only
+	}
+	nseg := 0
+	if seg > 0 {
+		nseg = (limit + seg - 1) / seg
+	}
+
+	// Predict every packet's header length from the first header.
+	first := rx.peekBuf[:min(total, len(rx.peekBuf), seg)]
+	h, err := wire.HeaderLen(first)
+	predict := err == nil && h <= seg
+
+	r.RxLock()
+	niov, cur := 0, 0 // cur: scratch offset not yet covered by an iovec
+	if predict {
+		hdr := first[:h]
+		for i := 0; i < nseg && i < maxRxSegs; i++ {
+			off := i * seg
+			sl := min(seg, limit-off)
+			if sl < h {
+				continue // a short last packet; delivered malformed
+			}
+			plen := sl - h
+			dst := r.Steer(from, hdr, i, plen)
+			if plen == 0 || len(dst) != plen {
+				continue
+			}
+			setIov(&rx.iov[niov], rx.scratch[cur:off+h])
+			setIov(&rx.iov[niov+1], dst)
+			niov += 2
+			rx.steered[i] = dst
+			cur = off + sl
+		}
+	}
+	if cur < limit {
+		setIov(&rx.iov[niov], rx.scratch[cur:limit])
+		niov++
+	}
+
+	nsteer := min(nseg, maxRxSegs) // entries of rx.steered to clear
+	n, errno := rx.consume(niov)
+	l.c.rxSyscalls.Add(1)
+	if errno != 0 || n != limit {
+		// Cannot happen for a datagram the peek saw (the peek already
+		// verified its checksum); deliver nothing rather than a guess.
+		l.c.rxErrors.Add(1)
+		clear(rx.steered[:nsteer])
+		clear(rx.iov[:niov])
+		r.RxUnlock()
+		return
+	}
+
+	var steered, reassembled, malformed uint64
+	if total == 0 {
+		// An empty datagram is malformed too.
+		r.Deliver(from, rx.scratch[:0], nil)
+		malformed++
+	}
+	for i := 0; i < nseg; i++ {
+		off := i * seg
+		b := rx.scratch[off : off+min(seg, limit-off)]
+		if i < maxRxSegs && rx.steered[i] != nil {
+			dst := rx.steered[i]
+			if hl, err := wire.HeaderLen(b[:h]); err == nil && hl == h {
+				r.Deliver(from, b[:h], dst)
+				steered++
+				continue
+			}
+			// Mispredicted: put the packet back together in scratch.
+			copy(b[h:], dst)
+			reassembled++
+		}
+		hl, err := wire.HeaderLen(b)
+		if err != nil || hl > len(b) {
+			r.Deliver(from, b, nil)
+			malformed++
+			continue
+		}
+		r.Deliver(from, b[:hl], b[hl:])
+	}
+	clear(rx.steered[:nsteer])
+	clear(rx.iov[:niov])
+	r.RxUnlock()
+
+	if limit < total {
+		l.c.truncated.Add(1)
+	}
+	if nseg > 1 {
+		l.c.rxBatches.Add(1)
+	}
+	if total == 0 {
+		nseg = 1
+	}
+	l.c.rxDatagrams.Add(uint64(nseg))
+	l.c.rxBytes.Add(uint64(limit))
+	if steered != 0 {
+		l.c.rxSteered.Add(steered)
+	}
+	if reassembled != 0 {
+		l.c.rxReassembled.Add(reassembled)
+	}
+	if malformed != 0 {
+		l.c.rxMalformed.Add(malformed)
+	}
+}
