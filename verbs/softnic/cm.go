@@ -1,0 +1,253 @@
+package softnic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/wire"
+)
+
+// The connection manager brings RC QPs up with a three-way handshake over
+// the device's own packets (QPN 0), like rdma_cm:
+//
+//	active                      passive
+//	RESET->INIT  --CM_REQ-->    accept(): QP RESET->INIT->RTR->RTS
+//	INIT->RTR->RTS <--CM_REP--
+//	             --CM_RTU-->    handshake state released
+//
+// CM_REQ carries the active QP's QPN, start PSN and MTU and a connection
+// ID; CM_REP the passive QP's. Lost packets are repaired by the active
+// side resending CM_REQ; the passive side answers a repeated request from
+// its record of the connection instead of accepting twice. CM_REJ ends a
+// request (no listener, accept refused).
+const (
+	cmResend   = 20 * time.Millisecond
+	cmDefault  = 2 * time.Second
+	cmRecordTL = 30 * time.Second
+)
+
+type cmReply struct {
+	h       wire.Header
+	private []byte
+}
+
+type cmKey struct {
+	from netip.AddrPort
+	id   uint64
+}
+
+type cmRecord struct {
+	rep     wire.Header
+	private []byte
+	at      time.Time
+}
+
+type cmState struct {
+	mu      sync.Mutex // guards the maps
+	pending map[uint64]chan cmReply
+	done    map[cmKey]*cmRecord
+}
+
+func (c *cmState) init() {
+	c.pending = make(map[uint64]chan cmReply)
+	c.done = make(map[cmKey]*cmRecord)
+}
+
+func (c *cmState) close() {}
+
+// ListenRC registers a CM service.
+func (d *Device) ListenRC(service uint32, accept verbs.AcceptFunc) error {
+	if accept == nil {
+		return fmt.Errorf("%w: nil accept function", verbs.ErrInvalidArg)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return verbs.ErrClosed
+	}
+	if _, dup := d.listeners[service]; dup {
+		return fmt.Errorf("%w: service %d already has a listener", verbs.ErrInvalidArg, service)
+	}
+	d.listeners[service] = accept
+	return nil
+}
+
+// ConnectRC connects qp (in RESET) to a service on a remote device. Without
+// a deadline on ctx it gives up after 2 s.
+func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrPort, service uint32, p verbs.ConnParams) ([]byte, error) {
+	q, ok := vqp.(*qp)
+	if !ok || q.dev != d || q.typ != verbs.RC {
+		return nil, fmt.Errorf("%w: ConnectRC needs an RC QP of this device", verbs.ErrInvalidArg)
+	}
+	if len(p.Private) > wire.MaxPrivate {
+		return nil, fmt.Errorf("%w: %d bytes of private data, max %d", verbs.ErrLength, len(p.Private), wire.MaxPrivate)
+	}
+	if !remote.IsValid() {
+		return nil, fmt.Errorf("%w: remote address %v", verbs.ErrInvalidArg, remote)
+	}
+	if q.State() != verbs.StateReset {
+		return nil, fmt.Errorf("%w: ConnectRC needs a QP in RESET", verbs.ErrQPState)
+	}
+	if _, has := ctx.Deadline(); !has {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cmDefault)
+		defer cancel()
+	}
+	mtu := p.PathMTU
+	if mtu == 0 {
+		mtu = d.mtu
+	}
+	if err := q.Modify(verbs.QPAttr{State: verbs.StateInit, Access: p.Access, PathMTU: mtu}); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	startPSN := d.rng.Uint32N(wire.PSNMask + 1)
+	d.mu.Unlock()
+	id := randUint64()
+	ch := make(chan cmReply, 1)
+	d.cm.mu.Lock()
+	d.cm.pending[id] = ch
+	d.cm.mu.Unlock()
+	defer func() {
+		d.cm.mu.Lock()
+		delete(d.cm.pending, id)
+		d.cm.mu.Unlock()
+	}()
+	req := wire.Header{Op: wire.OpCMReq, Service: service, CMQPN: q.qpn, CMPSN: startPSN, CMMTU: uint32(mtu), ConnID: id}
+	fail := func(err error) ([]byte, error) {
+		_ = q.Modify(verbs.QPAttr{State: verbs.StateReset})
+		return nil, err
+	}
+	tick := time.NewTicker(cmResend)
+	defer tick.Stop()
+	for {
+		d.sendNow(remote, &req, p.Private)
+		select {
+		case rep := <-ch:
+			if rep.h.Op == wire.OpCMRej {
+				return fail(fmt.Errorf("%w by %v: %s", verbs.ErrCMRejected, remote, rep.private))
+			}
+			pmtu := min(mtu, int(rep.h.CMMTU))
+			err := q.Modify(verbs.QPAttr{State: verbs.StateRTR, RemoteAddr: remote, RemoteQPN: rep.h.CMQPN,
+				RQPSN: rep.h.CMPSN, PathMTU: pmtu})
+			if err == nil {
+				err = q.Modify(verbs.QPAttr{State: verbs.StateRTS, SQPSN: startPSN, Timeout: p.Timeout,
+					RetryCnt: p.RetryCnt, RNRRetry: p.RNRRetry})
+			}
+			if err != nil {
+				return fail(err)
+			}
+			rtu := wire.Header{Op: wire.OpCMRTU, Service: service, CMQPN: q.qpn, ConnID: id}
+			d.sendNow(remote, &rtu, nil)
+			return rep.private, nil
+		case <-tick.C:
+		case <-ctx.Done():
+			err := ctx.Err()
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %v service %d", verbs.ErrCMTimeout, remote, service)
+			}
+			return fail(err)
+		}
+	}
+}
+
+// onPacket handles CM packets on the receive path (rxMu held).
+func (c *cmState) onPacket(d *Device, from netip.AddrPort, h *wire.Header, payload []byte) {
+	switch h.Op {
+	case wire.OpCMRep, wire.OpCMRej:
+		c.mu.Lock()
+		ch := c.pending[h.ConnID]
+		c.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- cmReply{h: *h, private: append([]byte(nil), payload...)}:
+			default:
+			}
+		}
+	case wire.OpCMRTU:
+		c.mu.Lock()
+		delete(c.done, cmKey{from, h.ConnID})
+		c.mu.Unlock()
+	case wire.OpCMReq:
+		c.onRequest(d, from, h, payload)
+	}
+}
+
+func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payload []byte) {
+	key := cmKey{from, h.ConnID}
+	now := d.clock.Now()
+	c.mu.Lock()
+	for k, r := range c.done {
+		if now.Sub(r.at) > cmRecordTL {
+			delete(c.done, k)
+		}
+	}
+	rec := c.done[key]
+	c.mu.Unlock()
+	if rec != nil {
+		d.rxOut.add(from, &rec.rep, rec.private)
+		return
+	}
+	reject := func(why string) {
+		rej := wire.Header{Op: wire.OpCMRej, Service: h.Service, ConnID: h.ConnID}
+		d.rxOut.add(from, &rej, []byte(why))
+	}
+	d.mu.RLock()
+	accept := d.listeners[h.Service]
+	d.mu.RUnlock()
+	if accept == nil {
+		reject(fmt.Sprintf("no listener for service %d", h.Service))
+		return
+	}
+	vq, priv, err := accept(verbs.ConnRequest{RemoteAddr: from, RemoteQPN: h.CMQPN, Private: append([]byte(nil), payload...)})
+	if err != nil {
+		reject(err.Error())
+		return
+	}
+	q, ok := vq.(*qp)
+	if !ok || q.dev != d || q.typ != verbs.RC || len(priv) > wire.MaxPrivate {
+		reject("accept returned an unusable QP")
+		return
+	}
+	mtu := min(int(h.CMMTU), d.mtu)
+	if mtu < 256 {
+		reject("path MTU too small")
+		return
+	}
+	d.mu.Lock()
+	startPSN := d.rng.Uint32N(wire.PSNMask + 1)
+	d.mu.Unlock()
+	err = q.Modify(verbs.QPAttr{State: verbs.StateInit, PathMTU: mtu, Access: q.attrAccess()})
+	if err == nil {
+		err = q.Modify(verbs.QPAttr{State: verbs.StateRTR, RemoteAddr: from, RemoteQPN: h.CMQPN, RQPSN: h.CMPSN})
+	}
+	if err == nil {
+		err = q.Modify(verbs.QPAttr{State: verbs.StateRTS, SQPSN: startPSN})
+	}
+	if err != nil {
+		reject(err.Error())
+		return
+	}
+	rep := wire.Header{Op: wire.OpCMRep, Service: h.Service, CMQPN: q.qpn, CMPSN: startPSN, CMMTU: uint32(mtu), ConnID: h.ConnID}
+	c.mu.Lock()
+	c.done[key] = &cmRecord{rep: rep, private: append([]byte(nil), priv...), at: now}
+	c.mu.Unlock()
+	d.rxOut.add(from, &rep, priv)
+}
+
+// attrAccess is the remote access a passively connected QP grants: the
+// flags set on it before (QPs keep Access across RESET), or all remote
+// access, leaving the decision to each MR's own access flags.
+func (q *qp) attrAccess() verbs.Access {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.attr.Access != 0 {
+		return q.attr.Access
+	}
+	return verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+}

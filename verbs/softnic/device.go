@@ -1,0 +1,424 @@
+package softnic
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/verbs/softnic/wire"
+)
+
+// Config configures a device.
+type Config struct {
+	// Link carries the device's packets; the device owns it from Open on
+	// and closes it on Close.
+	Link link.Link
+	// Clock drives retransmission and RNR timers; nil means the system
+	// clock.
+	Clock link.Clock
+	// MTU is the default path MTU (payload bytes per packet) of new QPs;
+	// 0 means DefaultMTU. QPs may choose any MTU up to MaxMTU.
+	MTU int
+}
+
+// DefaultMTU is the default path MTU: InfiniBand's largest. Bulk transfers
+// still leave in 64 KiB system calls through GSO.
+const DefaultMTU = 4096
+
+// Device is a software RDMA NIC bound to one link endpoint.
+type Device struct {
+	link   link.Link
+	clock  link.Clock
+	mtu    int
+	maxMTU int
+
+	// rxMu is held by the link's receive goroutine from Steer to the end
+	// of Deliver for one batch, and by anything that must not race with
+	// payload being placed into memory: MR deregistration, QP destruction
+	// and error flushes that complete READs. Lock order: rxMu, qp.mu,
+	// (cq.mu | srq.mu | mu).
+	rxMu      sync.Mutex
+	rxOut     outbox      // responses built by the receive path; guarded by rxMu
+	rxGen     uint64      // rxOut generation, bumped at each flush; guarded by rxMu
+	rxOutMem  bool        // rxOut holds READ responses that reference MR memory; guarded by rxMu
+	steerHdr  wire.Header // first header of the batch being steered; guarded by rxMu
+	steerLen  int         // payload length of the batch's first packet; guarded by rxMu
+	steerOK   bool
+	steered   []steeredRange // memory handed out by Steer in this batch; guarded by rxMu
+	delivered int            // index of the packet being delivered; guarded by rxMu
+	rxWCs     []pendingWC    // send completions held until rxOut is sent; guarded by rxMu
+	atomicMu  sync.Mutex     // serializes atomics on memory that is not 8-byte aligned
+	cm        cmState
+	sendMu    sync.Mutex // guards sendOut
+	sendOut   outbox
+	closeOnce sync.Once
+
+	mu        sync.RWMutex // guards the fields below
+	closed    bool
+	qps       map[uint32]*qp
+	nextQPN   uint32
+	mrs       map[uint32]*mr
+	mrBytes   uint64
+	nextPD    uint32
+	listeners map[uint32]verbs.AcceptFunc
+	rng       *rand.Rand
+
+	stats struct {
+		txPackets, rxPackets atomic.Uint64
+		txBytes, rxBytes     atomic.Uint64
+		malformed, noQP      atomic.Uint64
+		dcKeyRejects         atomic.Uint64
+		retransmits          atomic.Uint64
+		misplaced            atomic.Uint64
+	}
+}
+
+var _ verbs.Device = (*Device)(nil)
+
+// Open starts a device on cfg.Link.
+func Open(cfg Config) (*Device, error) {
+	if cfg.Link == nil {
+		return nil, fmt.Errorf("%w: softnic.Config needs a Link", verbs.ErrInvalidArg)
+	}
+	var seed [32]byte
+	if _, err := crand.Read(seed[:]); err != nil {
+		return nil, fmt.Errorf("softnic: seeding keys: %w", err)
+	}
+	d := &Device{
+		link:      cfg.Link,
+		clock:     cfg.Clock,
+		mtu:       cfg.MTU,
+		qps:       make(map[uint32]*qp),
+		mrs:       make(map[uint32]*mr),
+		listeners: make(map[uint32]verbs.AcceptFunc),
+		rng:       rand.New(rand.NewChaCha8(seed)),
+	}
+	if d.clock == nil {
+		d.clock = link.SystemClock{}
+	}
+	d.maxMTU = cfg.Link.MaxDatagram() - wire.MaxHeaderLen
+	if d.mtu == 0 {
+		d.mtu = min(DefaultMTU, d.maxMTU)
+	}
+	if d.mtu < 256 || d.mtu > d.maxMTU {
+		return nil, fmt.Errorf("%w: MTU %d outside [256, %d]", verbs.ErrInvalidArg, d.mtu, d.maxMTU)
+	}
+	d.nextQPN = 1 + d.rng.Uint32N(wire.PSNMask-1)
+	d.cm.init()
+	cfg.Link.Start(d)
+	return d, nil
+}
+
+func (d *Device) Addr() netip.AddrPort { return d.link.LocalAddr() }
+
+// MaxMTU is the largest path MTU the link allows.
+func (d *Device) MaxMTU() int { return d.maxMTU }
+
+// MTU is the device's default path MTU.
+func (d *Device) MTU() int { return d.mtu }
+
+// Clock is the device's time source.
+func (d *Device) Clock() link.Clock { return d.clock }
+
+// randUint32 draws from the device's key generator; d.mu must be held.
+func (d *Device) randUint32() uint32 { return d.rng.Uint32() }
+
+func (d *Device) AllocPD() (verbs.PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, verbs.ErrClosed
+	}
+	d.nextPD++
+	return &pd{dev: d, id: d.nextPD}, nil
+}
+
+func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
+	if depth <= 0 || depth > 1<<20 {
+		return nil, fmt.Errorf("%w: CQ depth %d (1..%d)", verbs.ErrInvalidArg, depth, 1<<20)
+	}
+	d.mu.RLock()
+	closed := d.closed
+	d.mu.RUnlock()
+	if closed {
+		return nil, verbs.ErrClosed
+	}
+	return newCQ(d, depth), nil
+}
+
+func (d *Device) addQP(q *qp) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return verbs.ErrClosed
+	}
+	for {
+		n := d.nextQPN
+		d.nextQPN++
+		if d.nextQPN > wire.PSNMask {
+			d.nextQPN = 1
+		}
+		if _, used := d.qps[n]; !used {
+			q.qpn = n
+			break
+		}
+	}
+	d.qps[q.qpn] = q
+	return nil
+}
+
+func (d *Device) removeQP(q *qp) {
+	d.mu.Lock()
+	delete(d.qps, q.qpn)
+	d.mu.Unlock()
+}
+
+func (d *Device) lookupQP(n uint32) *qp {
+	d.mu.RLock()
+	q := d.qps[n]
+	d.mu.RUnlock()
+	return q
+}
+
+// SyncMemory is a memory barrier between the caller and the device's
+// receive path, which reads and writes registered memory on behalf of
+// remote peers. Call it after writing memory that peers will READ, and
+// before reading memory that peers wrote when that fact was learnt through
+// another channel (a completion on another device, a message). The Go
+// memory model, and so the race detector, then orders the NIC's accesses
+// and the caller's. It waits for the receive batch in progress.
+func (d *Device) SyncMemory() {
+	d.rxMu.Lock()
+	//lint:ignore SA2001 an empty critical section is the point
+	d.rxMu.Unlock()
+}
+
+// Stats returns the device counters.
+func (d *Device) Stats() verbs.DeviceStats {
+	ls := d.link.Stats()
+	d.mu.RLock()
+	s := verbs.DeviceStats{QPs: len(d.qps), MRs: len(d.mrs), MRBytes: d.mrBytes}
+	d.mu.RUnlock()
+	s.TxPackets = d.stats.txPackets.Load()
+	s.RxPackets = d.stats.rxPackets.Load()
+	s.TxBytes = d.stats.txBytes.Load()
+	s.RxBytes = d.stats.rxBytes.Load()
+	s.TxSyscalls, s.RxSyscalls = ls.TxSyscalls, ls.RxSyscalls
+	s.Malformed = d.stats.malformed.Load()
+	s.NoQP = d.stats.noQP.Load()
+	s.DCKeyRejects = d.stats.dcKeyRejects.Load()
+	s.Retransmits = d.stats.retransmits.Load()
+	s.Misplaced = d.stats.misplaced.Load()
+	return s
+}
+
+// QPs lists the device's QPs by QPN.
+func (d *Device) QPs() []verbs.QPInfo {
+	d.mu.RLock()
+	qs := make([]*qp, 0, len(d.qps))
+	for _, q := range d.qps {
+		qs = append(qs, q)
+	}
+	d.mu.RUnlock()
+	out := make([]verbs.QPInfo, len(qs))
+	for i, q := range qs {
+		out[i] = q.Info()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].QPN < out[j].QPN })
+	return out
+}
+
+// Close stops the link, then every QP's timers. Outstanding WRs are
+// dropped without completions.
+func (d *Device) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		d.mu.Lock()
+		d.closed = true
+		qs := make([]*qp, 0, len(d.qps))
+		for _, q := range d.qps {
+			qs = append(qs, q)
+		}
+		d.mu.Unlock()
+		err = d.link.Close()
+		d.cm.close()
+		for _, q := range qs {
+			q.mu.Lock()
+			q.dead = true
+			q.req.reset()
+			q.mu.Unlock()
+		}
+	})
+	return err
+}
+
+// RxLock implements link.Receiver.
+func (d *Device) RxLock() {
+	d.rxMu.Lock()
+	d.steerOK = false
+	d.steered = d.steered[:0]
+	d.delivered = 0
+}
+
+// pendingWC is a completion the receive path holds back: its WR's memory
+// may still be referenced by packets waiting in rxOut (a retransmission
+// queued before the WR was acknowledged), and the application owns that
+// memory again once it sees the completion.
+type pendingWC struct {
+	cq *cq
+	wc verbs.WC
+}
+
+// pushWC delivers a send completion of q, after rxOut when q's handlers
+// run on the receive path.
+func (d *Device) pushWC(q *qp, c *cq, wc verbs.WC) {
+	if q.onRx {
+		d.rxWCs = append(d.rxWCs, pendingWC{c, wc})
+		return
+	}
+	c.push(wc)
+}
+
+// steeredRange is memory Steer handed out for packet index of a batch.
+type steeredRange struct {
+	index int
+	lo    uintptr
+	n     int
+}
+
+// clobbersLater reports whether writing dst while delivering the current
+// packet would overwrite the payload of a later packet of the same batch,
+// which the link has already placed there on a wrong steering prediction.
+// The current packet is then dropped (and retransmitted later) instead.
+func (d *Device) clobbersLater(dst []byte) bool {
+	if len(dst) == 0 || len(d.steered) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(&dst[0]))
+	hi := lo + uintptr(len(dst))
+	for _, s := range d.steered {
+		if s.index > d.delivered && s.lo < hi && lo < s.lo+uintptr(s.n) {
+			d.stats.misplaced.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// RxUnlock implements link.Receiver: it sends what the batch produced
+// (responses, coalesced ACKs, newly allowed requests) in one link send.
+func (d *Device) RxUnlock() {
+	d.flushRx()
+	d.rxMu.Unlock()
+}
+
+func (d *Device) flushRx() {
+	d.rxOut.flush(d)
+	d.rxGen++
+	d.rxOutMem = false
+	for i, p := range d.rxWCs {
+		p.cq.push(p.wc)
+		d.rxWCs[i] = pendingWC{}
+	}
+	d.rxWCs = d.rxWCs[:0]
+}
+
+// beforeMemWrite must be called before the receive path changes MR memory:
+// READ responses waiting in rxOut send their payload straight from MR
+// memory, so they leave first and carry the bytes as of their execution.
+func (d *Device) beforeMemWrite(out *outbox) {
+	if out == &d.rxOut && d.rxOutMem {
+		d.flushRx()
+	}
+}
+
+// Steer implements link.Receiver: READ responses land in the READ's local
+// buffer and WRITE payloads in the target MR, at their offsets.
+func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []byte {
+	if index == 0 {
+		h, _, err := wire.Parse(hdr)
+		d.steerHdr, d.steerLen, d.steerOK = h, plen, err == nil
+	}
+	if !d.steerOK || plen == 0 {
+		return nil
+	}
+	h := &d.steerHdr
+	q := d.lookupQP(h.DestQP)
+	if q == nil {
+		return nil
+	}
+	var dst []byte
+	q.mu.Lock()
+	switch h.Op {
+	case wire.OpReadResp:
+		dst = q.req.steer(from, h, index, plen)
+	case wire.OpWrite:
+		dst = q.steerWrite(from, h, index, plen, d.steerLen)
+	}
+	q.mu.Unlock()
+	if len(dst) > 0 {
+		d.steered = append(d.steered, steeredRange{index, uintptr(unsafe.Pointer(&dst[0])), len(dst)})
+	}
+	return dst
+}
+
+// Deliver implements link.Receiver.
+func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
+	defer func() { d.delivered++ }()
+	d.stats.rxPackets.Add(1)
+	d.stats.rxBytes.Add(uint64(len(hdr) + len(payload)))
+	h, n, err := wire.Parse(hdr)
+	if err != nil || n != len(hdr) {
+		d.stats.malformed.Add(1)
+		return
+	}
+	if h.Op.IsCM() {
+		d.cm.onPacket(d, from, &h, payload)
+		return
+	}
+	q := d.lookupQP(h.DestQP)
+	if q == nil {
+		d.stats.noQP.Add(1)
+		if h.Op.IsRequest() {
+			// Tell the requester at once instead of letting it time out: a
+			// DCI learns that the DCT is gone (its peer restarted).
+			nh := wire.Header{Op: wire.OpAck, DestQP: h.SrcQP, SrcQP: h.DestQP, PSN: h.PSN,
+				Syndrome: wire.SynNAKInv, Reason: uint8(verbs.ReasonNoQP)}
+			d.rxOut.add(from, &nh, nil)
+		}
+		return
+	}
+	q.mu.Lock()
+	if !q.dead {
+		q.onRx = true
+		if h.Op.IsRequest() {
+			q.onRequest(from, &h, payload, &d.rxOut)
+		} else {
+			q.req.onResponse(from, &h, payload, &d.rxOut)
+		}
+		q.onRx = false
+	}
+	q.mu.Unlock()
+}
+
+// sendNow sends one packet from outside the receive path.
+func (d *Device) sendNow(to netip.AddrPort, h *wire.Header, payload []byte) {
+	d.sendMu.Lock()
+	d.sendOut.add(to, h, payload)
+	d.sendOut.flush(d)
+	d.sendMu.Unlock()
+}
+
+func randUint64() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}

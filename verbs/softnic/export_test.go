@@ -1,0 +1,54 @@
+package softnic
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/wire"
+)
+
+func init() {
+	debugCheck = func(r *requester, h *wire.Header) {
+		if r.una != r.sentHigh {
+			return
+		}
+		for _, w := range r.sq {
+			if w.assigned && !w.done {
+				panic(fmt.Sprintf("una == sentHigh with WR %d not done after %+v\n%s", w.wr.ID, *h, dumpLocked(r.q)))
+			}
+		}
+	}
+}
+
+// DebugQP describes a QP's requester state for test failure messages.
+func DebugQP(v verbs.QP) string {
+	q := v.(*qp)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return dumpLocked(q)
+}
+
+func dumpLocked(q *qp) string {
+	r := &q.req
+	var b strings.Builder
+	fmt.Fprintf(&b, "state=%v tx=%d next=%d una=%d sentHigh=%d rdOut=%d armed=%v rnrWait=%v gap=%v/%d session=%d\n",
+		q.state, r.tx, r.nextPSN, r.una, r.sentHigh, r.rdOut, r.armed, r.rnrWait, r.gapValid, r.gapPSN, r.session)
+	for i, w := range r.sq {
+		fmt.Fprintf(&b, "  [%d] %v id=%d assigned=%v first=%d n=%d sent=%d rsp=%d done=%v fence=%v\n",
+			i, w.wr.Op, w.wr.ID, w.assigned, w.first, w.npkts, w.sent, w.rsp, w.done, w.wr.Flags&verbs.Fence != 0)
+	}
+	return b.String()
+}
+
+// DebugDCT describes a DCT's contexts.
+func DebugDCT(v verbs.QP) string {
+	q := v.(*qp)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var b strings.Builder
+	for k, c := range q.dcts {
+		fmt.Fprintf(&b, "  %v/%d: session=%d ePSN=%d inMsg=%v nakSeqSent=%v\n", k.addr, k.qpn, c.session, c.ePSN, c.inMsg, c.nakSeqSent)
+	}
+	return b.String()
+}

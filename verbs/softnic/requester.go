@@ -1,0 +1,685 @@
+package softnic
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"time"
+
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/verbs/softnic/wire"
+)
+
+// swqe is a send work queue entry: a posted WR and its transmission state.
+type swqe struct {
+	wr     verbs.SendWR
+	target verbs.DCTarget
+	local  []byte // resolved local memory (nil for inline and empty SENDs)
+	mr     *mr
+	inline []byte // owned copy of inline data
+
+	assigned bool     // PSNs assigned (first transmission started)
+	first    wire.PSN // first PSN
+	npkts    uint32   // PSNs the message takes
+	mtu      uint32   // path MTU at assignment
+	sent     uint32   // request packets transmitted in the current pass
+	rsp      uint32   // READ: response packets received in order
+	done     bool
+	status   verbs.Status
+	reason   verbs.Reason
+}
+
+func (w *swqe) rdAtomic() bool { return w.wr.Op == verbs.OpRead || w.wr.Op.IsAtomic() }
+
+// length is the message length in bytes.
+func (w *swqe) length() uint32 {
+	if w.wr.Flags&verbs.Inline != 0 {
+		return uint32(len(w.inline))
+	}
+	if w.wr.Op.IsAtomic() {
+		return verbs.AtomicSize
+	}
+	return w.wr.Local.Length
+}
+
+// reqPkts is the number of request packets (READs and atomics send one).
+func (w *swqe) reqPkts() uint32 {
+	if w.rdAtomic() {
+		return 1
+	}
+	return w.npkts
+}
+
+func (w *swqe) last() wire.PSN { return w.first.Add(w.npkts - 1) }
+
+// requester is the send side of a QP: it assigns PSNs, segments messages
+// by path MTU, keeps at most windowPSNs in flight, retransmits go-back-N
+// from the oldest unacknowledged PSN on timeout, on a sequence NAK, or when
+// an ACK implies a lost READ response, and completes WRs in order.
+//
+// A DCI keeps no per-target state beyond its current session: a WR for
+// another target waits until every earlier WR completed, and the first WR
+// after the queue drained opens a new session (its PSN is the session PSN
+// carried in every DC request), which tells the DCT to drop state of older
+// sessions.
+//
+// All fields are guarded by the owning qp's mu.
+type requester struct {
+	q  *qp
+	sq []*swqe // outstanding WRs in post order; sq[0] is the oldest
+	tx int     // index in sq of the WR being transmitted
+
+	nextPSN  wire.PSN // next PSN to assign
+	una      wire.PSN // oldest PSN not yet acknowledged
+	sentHigh wire.PSN // one past the highest PSN transmitted
+	rdOut    int      // READs and atomics assigned and not complete
+
+	retries      int
+	rnrRetries   int
+	rnrWait      bool
+	timer        link.Timer
+	armed        bool
+	lastProgress time.Time
+	gapPSN       wire.PSN // READ response gap already asked for
+	gapValid     bool
+
+	target  verbs.DCTarget // DCI: current target
+	session wire.PSN       // DCI: current session PSN
+
+	free []*swqe
+}
+
+func (r *requester) init(q *qp) { r.q = q }
+
+func (r *requester) count() int { return len(r.sq) }
+
+// start sets the first PSN at the RTR->RTS transition.
+func (r *requester) start(psn wire.PSN) {
+	r.nextPSN, r.una, r.sentHigh = psn, psn, psn
+	r.retries, r.rnrRetries = 0, 0
+}
+
+// reset drops all WRs without completions and stops timers.
+func (r *requester) reset() {
+	r.stopTimer()
+	r.sq, r.tx, r.rdOut = nil, 0, 0
+	r.rnrWait, r.gapValid = false, false
+	r.target = verbs.DCTarget{}
+}
+
+func (r *requester) stopTimer() {
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	r.armed = false
+}
+
+func (r *requester) post(wr *verbs.SendWR) {
+	var w *swqe
+	if n := len(r.free); n > 0 {
+		w = r.free[n-1]
+		r.free = r.free[:n-1]
+		inl := w.inline[:0]
+		*w = swqe{inline: inl}
+	} else {
+		w = &swqe{}
+	}
+	w.wr = *wr
+	if wr.Target != nil {
+		w.target = *wr.Target
+		w.wr.Target = nil
+	}
+	w.wr.InlineData = nil
+	if wr.Flags&verbs.Inline != 0 {
+		w.inline = append(w.inline[:0], wr.InlineData...)
+	} else if wr.Local.MR != nil {
+		w.mr = wr.Local.MR.(*mr)
+		w.local = wr.Local.Bytes()
+	}
+	r.sq = append(r.sq, w)
+}
+
+// progress transmits what the window, the ORD limit, fences and the DCI
+// target rule allow.
+func (r *requester) progress(out *outbox) {
+	q := r.q
+	if q.state != verbs.StateRTS || r.rnrWait {
+		return
+	}
+	for r.tx < len(r.sq) {
+		w := r.sq[r.tx]
+		if w.done {
+			r.tx++ // acknowledged while a retransmission was rewinding
+			continue
+		}
+		if !w.assigned {
+			if r.nextPSN.Sub(r.una) >= windowPSNs {
+				break
+			}
+			if w.rdAtomic() && r.rdOut >= q.caps.MaxRdAtomic {
+				break
+			}
+			if w.wr.Flags&verbs.Fence != 0 && r.rdOut > 0 {
+				break
+			}
+			if q.typ == verbs.DCI {
+				if r.tx > 0 && w.target != r.target {
+					break // one target at a time: wait for earlier WRs to complete
+				}
+				if r.tx == 0 {
+					r.target = w.target
+					r.session = r.nextPSN
+				}
+			}
+			w.assigned = true
+			w.first = r.nextPSN
+			w.mtu = uint32(q.attr.PathMTU)
+			n := (w.length() + w.mtu - 1) / w.mtu
+			if n == 0 || w.wr.Op.IsAtomic() {
+				n = 1
+			}
+			w.npkts = n
+			r.nextPSN = r.nextPSN.Add(n)
+			if w.rdAtomic() {
+				r.rdOut++
+			}
+		}
+		for w.sent < w.reqPkts() {
+			psn := w.first.Add(w.sent)
+			if w.rdAtomic() {
+				psn = w.first.Add(w.rsp)
+			}
+			if psn.Sub(r.una) >= windowPSNs {
+				break
+			}
+			if w.mr != nil && w.mr.dead.Load() {
+				r.failFrom(r.tx, verbs.StatusLocProtErr, verbs.ReasonNone)
+				return
+			}
+			r.emit(w, out)
+			w.sent++
+		}
+		if w.sent < w.reqPkts() {
+			break
+		}
+		r.tx++
+	}
+	if r.una.Less(r.sentHigh) {
+		r.arm()
+	}
+}
+
+// emit encodes request packet w.sent of w (for a READ: the request for the
+// responses not yet received).
+func (r *requester) emit(w *swqe, out *outbox) {
+	q := r.q
+	to, dest := q.remoteTarget()
+	h := wire.Header{DestQP: dest, SrcQP: q.qpn}
+	if q.typ == verbs.DCI {
+		h.Flags |= wire.FlagDC
+		h.DCKey = w.target.DCKey
+		h.SessionPSN = uint32(r.session)
+	}
+	var payload []byte
+	switch w.wr.Op {
+	case verbs.OpRead:
+		off := w.rsp * w.mtu
+		h.Op = wire.OpReadReq
+		h.PSN = uint32(w.first.Add(w.rsp))
+		h.Flags |= wire.FlagFirst | wire.FlagLast
+		h.VA = w.wr.RemoteAddr + uint64(off)
+		h.RKey = w.wr.RKey
+		h.DMALen = w.length() - off
+		h.RespMTU = w.mtu
+	case verbs.OpCmpSwap, verbs.OpFetchAdd:
+		h.Op = wire.OpCmpSwap
+		if w.wr.Op == verbs.OpFetchAdd {
+			h.Op = wire.OpFetchAdd
+		}
+		h.PSN = uint32(w.first)
+		h.Flags |= wire.FlagFirst | wire.FlagLast | wire.FlagAckReq
+		h.VA = w.wr.RemoteAddr
+		h.RKey = w.wr.RKey
+		if w.wr.Op == verbs.OpCmpSwap {
+			h.Swap, h.Cmp = w.wr.Swap, w.wr.CompareAdd
+		} else {
+			h.Swap = w.wr.CompareAdd
+		}
+	default:
+		i := w.sent
+		h.PSN = uint32(w.first.Add(i))
+		h.Op = wire.OpSend
+		if w.wr.Op == verbs.OpWrite || w.wr.Op == verbs.OpWriteImm {
+			h.Op = wire.OpWrite
+		}
+		if i == 0 {
+			h.Flags |= wire.FlagFirst
+			if h.Op == wire.OpWrite {
+				h.VA = w.wr.RemoteAddr
+				h.RKey = w.wr.RKey
+				h.DMALen = w.length()
+			}
+		}
+		if i == w.npkts-1 {
+			h.Flags |= wire.FlagLast | wire.FlagAckReq
+			if w.wr.Op == verbs.OpWriteImm || w.wr.Op == verbs.OpSendImm {
+				h.Flags |= wire.FlagImm
+				h.Imm = w.wr.Imm
+			}
+			if w.wr.Flags&verbs.Solicited != 0 && h.Op == wire.OpSend {
+				h.Flags |= wire.FlagSolicited
+			}
+		} else if (i+1)%ackEvery == 0 {
+			h.Flags |= wire.FlagAckReq
+		}
+		src := w.local
+		if w.wr.Flags&verbs.Inline != 0 {
+			src = w.inline
+		}
+		lo := uint64(i) * uint64(w.mtu)
+		hi := min(lo+uint64(w.mtu), uint64(len(src)))
+		if lo < hi {
+			payload = src[lo:hi]
+		}
+	}
+	end := wire.PSN(h.PSN).Add(1)
+	if h.Op == wire.OpReadReq {
+		end = w.first.Add(w.npkts)
+	}
+	if r.sentHigh.Less(end) {
+		r.sentHigh = end
+	} else {
+		q.stats.Retransmits++
+		q.dev.stats.retransmits.Add(1)
+	}
+	q.stats.TxPackets++
+	q.stats.TxBytes += uint64(len(payload))
+	out.add(to, &h, payload)
+}
+
+func (r *requester) arm() {
+	if r.armed {
+		return
+	}
+	r.armed = true
+	r.lastProgress = r.q.dev.clock.Now()
+	r.timer = r.q.dev.clock.AfterFunc(r.q.attr.Timeout, r.onTimer)
+}
+
+// onTimer runs on the clock's goroutine. It takes the device's receive
+// lock first (lock order rxMu -> qp.mu) because failing the QP completes
+// READs whose buffers a receive may be steering payload into.
+func (r *requester) onTimer() {
+	q := r.q
+	d := q.dev
+	d.rxMu.Lock()
+	defer d.rxMu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	r.armed = false
+	r.timer = nil
+	if q.dead || q.state != verbs.StateRTS {
+		return
+	}
+	if r.rnrWait {
+		return // the RNR timer owns the next step
+	}
+	if !r.una.Less(r.sentHigh) {
+		return
+	}
+	now := d.clock.Now()
+	if wait := r.lastProgress.Add(q.attr.Timeout).Sub(now); wait > 0 {
+		r.armed = true
+		r.timer = d.clock.AfterFunc(wait, r.onTimer)
+		return
+	}
+	q.stats.Timeouts++
+	r.retries++
+	if r.retries > q.attr.RetryCnt {
+		r.failFrom(0, verbs.StatusRetryExcErr, verbs.ReasonRemoteDown)
+		q.flushOutLocked()
+		return
+	}
+	r.goBackN(r.una)
+	r.progress(&q.out)
+	q.flushOutLocked()
+}
+
+// goBackN rewinds transmission to the WR holding psn.
+func (r *requester) goBackN(psn wire.PSN) {
+	for i := 0; i < len(r.sq) && i <= r.tx; i++ {
+		w := r.sq[i]
+		if !w.assigned || w.done {
+			continue
+		}
+		if psn.Less(w.first) {
+			psn = w.first
+		}
+		if !w.last().Less(psn) {
+			// w holds psn: rewind to it, and every later WR to its start.
+			if w.rdAtomic() {
+				w.sent = 0
+			} else {
+				w.sent = uint32(psn.Sub(w.first))
+			}
+			for j := i + 1; j < len(r.sq) && j <= r.tx; j++ {
+				if r.sq[j].assigned {
+					r.sq[j].sent = 0
+				}
+			}
+			r.tx = i
+			return
+		}
+	}
+}
+
+// ackUpTo records that every PSN up to and including a was executed by the
+// responder: SENDs and WRITEs up to a are done; a READ or atomic up to a
+// whose response is missing was answered and the answer lost, so it is
+// requested again (an implied NAK).
+func (r *requester) ackUpTo(a wire.PSN) {
+	next := a.Add(1)
+	if r.sentHigh.Less(next) {
+		return // acknowledges something never sent
+	}
+	if r.una.Less(next) {
+		r.una = next
+		r.retries, r.rnrRetries = 0, 0
+		r.lastProgress = r.q.dev.clock.Now()
+	}
+	for _, w := range r.sq {
+		if !w.assigned {
+			break
+		}
+		if w.done {
+			continue
+		}
+		if a.Less(w.last()) {
+			break
+		}
+		if w.rdAtomic() {
+			// Nothing from its first missing response on counts as
+			// acknowledged until that response arrives.
+			p := w.first.Add(w.rsp)
+			if p.Less(r.una) {
+				r.una = p
+			}
+			if !r.gapValid || r.gapPSN != p {
+				r.gapPSN, r.gapValid = p, true
+				r.goBackN(p)
+			}
+			return
+		}
+		w.done = true
+	}
+}
+
+// complete pops finished WRs from the head of the queue in order.
+func (r *requester) complete() {
+	q := r.q
+	n := 0
+	for n < len(r.sq) && r.sq[n].done {
+		w := r.sq[n]
+		if w.rdAtomic() {
+			r.rdOut--
+		}
+		if w.wr.Flags&verbs.Signaled != 0 || w.status != verbs.StatusSuccess {
+			q.stats.Completions++
+			q.dev.pushWC(q, q.sendCQ, verbs.WC{ID: w.wr.ID, Status: w.status, Reason: w.reason, Op: w.wr.Op,
+				QPN: q.qpn, ByteLen: w.length()})
+		}
+		r.recycle(w)
+		n++
+	}
+	if n > 0 {
+		copy(r.sq, r.sq[n:])
+		clear(r.sq[len(r.sq)-n:])
+		r.sq = r.sq[:len(r.sq)-n]
+		r.tx -= n
+		if r.tx < 0 {
+			r.tx = 0
+		}
+	}
+	if len(r.sq) == 0 || !r.una.Less(r.sentHigh) {
+		r.stopTimer()
+	}
+}
+
+func (r *requester) recycle(w *swqe) {
+	w.local, w.mr, w.wr = nil, nil, verbs.SendWR{}
+	if len(r.free) < 64 {
+		r.free = append(r.free, w)
+	}
+}
+
+// failFrom completes WR i with status and reason, moves the QP to ERR and
+// flushes everything after it.
+func (r *requester) failFrom(i int, st verbs.Status, why verbs.Reason) {
+	q := r.q
+	for j := 0; j < i && j < len(r.sq); j++ {
+		if w := r.sq[j]; !w.done {
+			// Executed by the responder before the failure, but a READ or
+			// atomic whose response is missing has no result to report.
+			w.done = true
+			if w.rdAtomic() {
+				w.status = verbs.StatusWRFlushErr
+			}
+		}
+	}
+	if i < len(r.sq) {
+		w := r.sq[i]
+		w.done, w.status, w.reason = true, st, why
+	}
+	r.complete()
+	q.toErrLocked()
+}
+
+// flushAll completes every outstanding WR with st.
+func (r *requester) flushAll(st verbs.Status, why verbs.Reason) {
+	for _, w := range r.sq {
+		w.done, w.status, w.reason = true, st, why
+	}
+	r.complete()
+	r.reset()
+}
+
+// find returns the index of the outstanding WR holding psn, or -1.
+func (r *requester) find(psn wire.PSN) int {
+	for i := 0; i < len(r.sq) && i <= r.tx; i++ {
+		w := r.sq[i]
+		if !w.assigned {
+			return -1
+		}
+		if psn.Less(w.first) {
+			return -1
+		}
+		if !w.last().Less(psn) {
+			return i
+		}
+	}
+	return -1
+}
+
+// fromPeer reports whether a response came from this QP's peer.
+func (r *requester) fromPeer(from netip.AddrPort, h *wire.Header) bool {
+	q := r.q
+	if q.typ == verbs.DCI {
+		return from == r.target.Addr && h.SrcQP == r.target.DCTN
+	}
+	return from == q.attr.RemoteAddr && h.SrcQP == q.attr.RemoteQPN
+}
+
+// steer returns where the READ response packet index of a received batch
+// should land, or nil. Only bytes not yet received are handed out.
+func (r *requester) steer(from netip.AddrPort, h *wire.Header, index, plen int) []byte {
+	if h.Op != wire.OpReadResp || r.q.state != verbs.StateRTS || !r.fromPeer(from, h) {
+		return nil
+	}
+	psn := wire.PSN(h.PSN).Add(uint32(index))
+	i := r.find(psn)
+	if i < 0 {
+		return nil
+	}
+	w := r.sq[i]
+	if w.wr.Op != verbs.OpRead || w.done || psn.Less(w.first.Add(w.rsp)) {
+		return nil
+	}
+	off := uint64(psn.Sub(w.first)) * uint64(w.mtu)
+	if off+uint64(plen) > uint64(len(w.local)) {
+		return nil
+	}
+	return w.local[off : off+uint64(plen)]
+}
+
+// onResponse handles ACK, NAK, READ response and atomic ACK packets.
+func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []byte, out *outbox) {
+	q := r.q
+	if q.state != verbs.StateRTS || !r.fromPeer(from, h) {
+		return
+	}
+	q.stats.RxPackets++
+	q.stats.RxBytes += uint64(len(payload))
+	psn := wire.PSN(h.PSN)
+	switch h.Syndrome {
+	case wire.SynAck:
+	case wire.SynNAKSeq:
+		q.stats.NAKSeqRx++
+		r.ackUpTo(psn.Add(wire.PSNMask)) // psn-1
+		if !psn.Less(r.una) && psn.Less(r.sentHigh) {
+			r.goBackN(psn)
+		}
+		r.complete()
+		r.progress(out)
+		return
+	case wire.SynRNR:
+		q.stats.RNRNAKRx++
+		r.ackUpTo(psn.Add(wire.PSNMask))
+		r.complete()
+		r.rnrRetries++
+		if q.attr.RNRRetry != rnrInfinite && r.rnrRetries > q.attr.RNRRetry {
+			if i := r.find(psn); i >= 0 {
+				r.failFrom(i, verbs.StatusRNRRetryExcErr, verbs.ReasonNone)
+			}
+			return
+		}
+		r.goBackN(psn)
+		r.rnrWait = true
+		r.stopTimer()
+		wait := time.Duration(h.RNRTimer) * time.Microsecond
+		q.dev.clock.AfterFunc(wait, r.onRNRTimer)
+		return
+	default:
+		q.stats.ErrNAKRx++
+		r.ackUpTo(psn.Add(wire.PSNMask))
+		i := r.find(psn)
+		if i < 0 {
+			return
+		}
+		st := verbs.StatusRemAccessErr
+		switch h.Syndrome {
+		case wire.SynNAKInv:
+			st = verbs.StatusRemInvReqErr
+		case wire.SynNAKOp:
+			st = verbs.StatusRemOpErr
+		}
+		r.failFrom(i, st, verbs.Reason(h.Reason))
+		return
+	}
+	switch h.Op {
+	case wire.OpAck:
+		r.ackUpTo(psn)
+	case wire.OpReadResp:
+		i := r.find(psn)
+		if i < 0 {
+			return // a duplicate of a completed READ
+		}
+		w := r.sq[i]
+		if w.wr.Op != verbs.OpRead || w.done {
+			return
+		}
+		expect := w.first.Add(w.rsp)
+		if psn != expect {
+			if expect.Less(psn) && (!r.gapValid || r.gapPSN != expect) {
+				// A response packet was lost: ask again from it.
+				r.gapPSN, r.gapValid = expect, true
+				r.goBackN(expect)
+				r.progress(out)
+			}
+			return
+		}
+		off := uint64(w.rsp) * uint64(w.mtu)
+		want := min(uint64(w.mtu), uint64(len(w.local))-off)
+		if uint64(len(payload)) != want {
+			return // malformed for this READ: drop, the retry repairs it
+		}
+		dst := w.local[off : off+want]
+		if !samePlace(dst, payload) {
+			if q.dev.clobbersLater(dst) {
+				return
+			}
+			copy(dst, payload)
+			if len(payload) > 0 {
+				q.dev.stats.misplaced.Add(1)
+			}
+		}
+		w.rsp++
+		r.gapValid = false
+		// Every PSN before this response was executed by the responder.
+		r.ackUpTo(psn.Add(wire.PSNMask))
+		if r.una == psn {
+			r.una = psn.Add(1)
+			r.retries = 0
+			r.lastProgress = q.dev.clock.Now()
+		}
+		if w.rsp == w.npkts {
+			w.done = true
+		}
+	case wire.OpAtomicAck:
+		i := r.find(psn)
+		if i < 0 {
+			return
+		}
+		w := r.sq[i]
+		if !w.wr.Op.IsAtomic() || w.done {
+			return
+		}
+		binary.NativeEndian.PutUint64(w.local, h.Orig)
+		w.rsp = 1
+		w.done = true
+		r.ackUpTo(psn)
+	default:
+		return
+	}
+	r.complete()
+	r.progress(out)
+	if debugCheck != nil {
+		debugCheck(r, h)
+	}
+}
+
+// debugCheck, set by tests, verifies requester invariants after each
+// response.
+var debugCheck func(r *requester, h *wire.Header)
+
+func (r *requester) onRNRTimer() {
+	q := r.q
+	q.dev.rxMu.Lock()
+	defer q.dev.rxMu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !r.rnrWait {
+		return
+	}
+	r.rnrWait = false
+	if q.dead || q.state != verbs.StateRTS {
+		return
+	}
+	r.progress(&q.out)
+	q.flushOutLocked()
+}
+
+// samePlace reports whether two slices are the same memory.
+func samePlace(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
