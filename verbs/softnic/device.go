@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -316,8 +317,14 @@ func (d *Device) clobbersLater(dst []byte) bool {
 // RxUnlock implements link.Receiver: it sends what the batch produced
 // (responses, coalesced ACKs, newly allowed requests) in one link send.
 func (d *Device) RxUnlock() {
+	woke := len(d.rxWCs) > 0
 	d.flushRx()
 	d.rxMu.Unlock()
+	if woke {
+		// Let a consumer just woken by a completion run on this thread now,
+		// instead of waking it on the other vCPU (~14 us there).
+		runtime.Gosched()
+	}
 }
 
 func (d *Device) flushRx() {

@@ -1,0 +1,202 @@
+package softnic_test
+
+import (
+	"context"
+	"runtime"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/verbs"
+)
+
+// Performance targets are ratios against baselines measured in the same
+// benchmark run (absolute times move 2-4x between runs on these machines):
+//
+//	BenchmarkReadLatency8B   8-byte READ p50 / raw-syscall UDP ping-pong p50   target <= 1.25
+//	BenchmarkReadRate32      READs/s with 32 outstanding / sendmmsg echo rate    target >= 0.8
+//	BenchmarkReadBandwidth1M 1 MiB READ bandwidth / loopback TCP bandwidth     target >= 0.7
+
+func benchPair(b *testing.B) (*node, *node, verbs.QP) {
+	fb := newFabric(b, "udp", faults{})
+	a, s := fb.node(), fb.node()
+	qa, _ := connect(b, a, s, 0)
+	return a, s, qa
+}
+
+// waitOne polls the CQ once and otherwise blocks in Wait: on two vCPUs a
+// spinning poller steals the CPU the NIC's receive thread needs, while a
+// blocked waiter is handed the CPU by that thread the moment the
+// completion lands.
+func waitOne(ctx context.Context, b *testing.B, cq verbs.CQ, wcs []verbs.WC) verbs.WC {
+	for cq.Poll(wcs[:1]) == 0 {
+		if err := cq.Wait(ctx); err != nil {
+			b.Fatalf("no completion: %v", err)
+		}
+	}
+	if err := wcs[0].Err(); err != nil {
+		b.Fatal(err)
+	}
+	return wcs[0]
+}
+
+func p50(l []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), l...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func BenchmarkReadLatency8B(b *testing.B) {
+	a, s, qa := benchPair(b)
+	wcs := make([]verbs.WC, 1)
+	wr := []verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled, Local: sge(a, 0, 8), RKey: s.mr.RKey()}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for range 200 { // warm up
+		if err := qa.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		waitOne(ctx, b, a.cq, wcs)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		if err := qa.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		waitOne(ctx, b, a.cq, wcs)
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	base, err := baseline.UDPPingPong(max(1000, min(b.N, 20000)), 8)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ours, theirs := p50(lat), base.Summary().Typical
+	b.ReportMetric(float64(ours.Nanoseconds())/1e3, "p50-us")
+	b.ReportMetric(float64(theirs.Nanoseconds())/1e3, "udp-p50-us")
+	b.ReportMetric(baseline.Ratio(ours, theirs), "x-udp-p50(target<=1.25)")
+}
+
+func BenchmarkReadRate32(b *testing.B) {
+	a, s, qa := benchPair(b)
+	const depth = 32
+	wrs := make([]verbs.SendWR, depth)
+	for i := range wrs {
+		wrs[i] = verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Flags: verbs.Signaled, Local: sge(a, uint64(i*8), 8), RKey: s.mr.RKey(), RemoteAddr: uint64(i * 8)}
+	}
+	wcs := make([]verbs.WC, depth)
+	run := func(n int) time.Duration {
+		t0 := time.Now()
+		posted, done := 0, 0
+		if err := qa.PostSend(wrs[:min(depth, n)]); err != nil {
+			b.Fatal(err)
+		}
+		posted = min(depth, n)
+		for done < n {
+			k := a.cq.Poll(wcs)
+			if k == 0 {
+				runtime.Gosched()
+				continue
+			}
+			for _, wc := range wcs[:k] {
+				if err := wc.Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			done += k
+			if more := min(k, n-posted); more > 0 {
+				if err := qa.PostSend(wrs[:more]); err != nil {
+					b.Fatal(err)
+				}
+				posted += more
+			}
+		}
+		return time.Since(t0)
+	}
+	run(2000)
+	b.ResetTimer()
+	el := run(b.N)
+	b.StopTimer()
+	rate := float64(b.N) / el.Seconds()
+	base, err := baseline.EchoRate(depth, 8, 300*time.Millisecond)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(rate/1e3, "kops/s")
+	b.ReportMetric(base/1e3, "echo-kops/s")
+	b.ReportMetric(rate/base, "x-echo(target>=0.8)")
+}
+
+func BenchmarkReadBandwidth1M(b *testing.B) {
+	fb := newFabric(b, "udp", faults{})
+	a, s := fb.node(), fb.node()
+	qa, _ := connect(b, a, s, 0)
+	const size = 1 << 20
+	// Registered 4 MiB on each side: 4 READs of 1 MiB in flight.
+	lbuf := make([]byte, 4*size)
+	lmr, err := a.pd.RegMR(lbuf, verbs.AccessLocalWrite)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rbuf := make([]byte, size)
+	rmr, err := s.pd.RegMR(rbuf, verbs.AccessRemoteRead)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const depth = 4
+	wcs := make([]verbs.WC, depth)
+	run := func(n int) time.Duration {
+		t0 := time.Now()
+		posted, done := 0, 0
+		for posted < min(depth, n) {
+			wr := verbs.SendWR{ID: uint64(posted % depth), Op: verbs.OpRead, Flags: verbs.Signaled, Local: verbs.SGE{MR: lmr, Offset: uint64(posted%depth) * size, Length: size}, RKey: rmr.RKey()}
+			if err := qa.PostSend([]verbs.SendWR{wr}); err != nil {
+				b.Fatal(err)
+			}
+			posted++
+		}
+		for done < n {
+			k := a.cq.Poll(wcs)
+			if k == 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := a.cq.Wait(ctx)
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				continue
+			}
+			for _, wc := range wcs[:k] {
+				if err := wc.Err(); err != nil {
+					b.Fatal(err)
+				}
+				done++
+				if posted < n {
+					wr := verbs.SendWR{ID: wc.ID, Op: verbs.OpRead, Flags: verbs.Signaled, Local: verbs.SGE{MR: lmr, Offset: wc.ID * size, Length: size}, RKey: rmr.RKey()}
+					if err := qa.PostSend([]verbs.SendWR{wr}); err != nil {
+						b.Fatal(err)
+					}
+					posted++
+				}
+			}
+		}
+		return time.Since(t0)
+	}
+	run(8)
+	b.SetBytes(size)
+	b.ResetTimer()
+	el := run(b.N)
+	b.StopTimer()
+	bw := float64(b.N) * size / el.Seconds()
+	base, err := baseline.Loopback.TCPBandwidth(size, 256*size, depth)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(bw/1e9, "GB/s")
+	b.ReportMetric(base/1e9, "tcp-GB/s")
+	b.ReportMetric(bw/base, "x-tcp(target>=0.7)")
+	b.ReportMetric(float64(a.dev.Stats().Misplaced), "misplaced-copies")
+}

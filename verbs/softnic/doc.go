@@ -1,0 +1,77 @@
+// Package softnic is a software RDMA NIC: the default backend of the verbs
+// interface, for machines without RDMA hardware. It speaks a RoCE-like
+// protocol over UDP (package wire) and behaves like a NIC, failure
+// semantics included, so that everything built on it is honest.
+//
+// # Opening a device
+//
+//	dev, err := softnic.OpenUDP("127.0.0.1:0") // or Open(Config{Link: ...})
+//	pd, _ := dev.AllocPD()
+//	cq, _ := dev.CreateCQ(1024)
+//	mr, _ := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+//
+// A device owns one link endpoint (one UDP socket) and demultiplexes
+// packets by destination QPN. Tests use softnictest's in-memory network,
+// which drops, duplicates, reorders and delays packets, with the same code.
+//
+// # Transports
+//
+// RC QPs are connected by the device's connection manager
+// (Device.ListenRC, Device.ConnectRC): a REQ/REP/RTU handshake that
+// exchanges QPNs and start PSNs, like rdma_cm. A DCI needs no connection:
+// each WR names a DCTarget (device address, DCT number, DC key). As on
+// mlx5, a DCI serves one target at a time: a WR for another target waits
+// until the earlier WRs completed. Each time its queue drains, the DCI
+// opens a new session (the PSN it starts at travels in every DC request);
+// the DCT keeps only the latest session's state per initiator, bounded by
+// MaxDCTContexts, and checks the DC key on every request.
+//
+// # Reliability
+//
+// Requests carry 24-bit PSNs. The requester keeps up to 1,024 PSNs in
+// flight, asks for an ACK on every message's last packet and every 16th
+// packet, and retransmits go-back-N from the oldest unacknowledged PSN on
+// timeout (QPAttr.Timeout, RetryCnt times, then RETRY_EXC_ERR), on a
+// sequence NAK (sent once per gap), and when an ACK or a later READ
+// response shows that a READ or atomic response was lost. Receive-not-ready
+// is answered with an RNR NAK and retried after the timer it carries.
+//
+// The responder executes every request exactly once, in PSN order.
+// Duplicates are answered from state: SEND and WRITE are re-ACKed, READ is
+// served again (as on InfiniBand, a re-executed READ sees later WRITEs; use
+// verbs.Fence where that matters), and an atomic is answered from a replay
+// cache of original values.
+//
+// A request the responder cannot execute — bad rkey, out of bounds,
+// missing permission, misaligned atomic, wrong DC key, unknown QP — is
+// NAKed; the requester's QP moves to ERR and its outstanding WRs complete
+// with StatusWRFlushErr. Completions carry a verbs.Reason saying why, so an
+// upper layer can tell a restarted peer (ReasonDCKey, ReasonNoQP) from a
+// bad request. An RC responder moves to ERR too; a DCT, being shared,
+// does not.
+//
+// # Zero copy
+//
+// Payloads are sent straight from registered memory (the link gathers
+// header and payload slices into one sendmmsg, in GSO runs). On receive,
+// the link first learns a packet's header and asks Steer where its payload
+// goes: a READ response's payload lands directly in the READ's local
+// buffer and a WRITE's payload in the target MR, by the kernel's own
+// socket copy. Steering predictions for packets coalesced by GRO can be
+// wrong; the engine then copies (counted in DeviceStats.Misplaced) or drops
+// the packet for retransmission — it never lets a wrong prediction corrupt
+// accepted data. SEND payloads are copied into the receive buffer.
+//
+// # Threads and locks
+//
+// The link's receive goroutine runs all packet processing; responses it
+// produces leave in one send per receive batch. Application calls
+// (PostSend, PostRecv, Modify) run on the caller's goroutine and send
+// directly. Each QP has a mutex; the device's rxMu orders the receive path
+// against MR deregistration, QP destruction and error flushes (lock order
+// rxMu, qp.mu, then cq/srq/device mutexes). Completions the receive path
+// produces are delivered after the packets it queued have been sent, so
+// the application owns a WR's memory again only when the NIC is done with
+// it. Device.SyncMemory orders the caller's memory accesses with the NIC's
+// for the Go memory model.
+package softnic
