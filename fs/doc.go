@@ -1,0 +1,45 @@
+// Package fs is the krfs FUSE filesystem: remote memory through plain
+// file I/O, for programs in any language and for shell scripts.
+//
+// # The tree
+//
+//	MOUNT/
+//	  peers/                  one directory per live node in the meta service
+//	    <gid>/
+//	      mem                 the peer's default region
+//	      mr/<name>           each region the peer exports; st_size = region size
+//	      ports/<port>        each write() sends one message to that port on the peer
+//	      info                text: address, incarnation, transport in use, counters
+//	  regions/<name>          regions this node exports: create + truncate sets the
+//	                          size, rm unexports; regions/mem is the default region
+//	  ports/<port>            this node's receive ports: create binds, each read()
+//	                          returns exactly one message, rm unbinds
+//	  stats, stats.json       pool, cache, switches, NIC counters
+//
+// Opening a peer file gives the open file its own virtual QP (Backend.
+// Connect); pread and pwrite are one-sided READs and WRITEs at that offset.
+// Files are direct_io, so every read reaches the peer. A read at or past
+// the end returns 0, a read across it is short, a write past it fails with
+// EFBIG. Errors come back as errno: EIO for a remote failure, ETIMEDOUT,
+// EHOSTDOWN for a dead peer, ENOENT for an unknown gid, region or port,
+// EACCES for a permission, EINVAL for bad alignment or arguments.
+//
+// # Atomics
+//
+// IoctlFetchAdd and IoctlCompareAndSwap on any region file act on an
+// 8-byte aligned word and return its old value (AtomicArg). They are
+// restricted ioctls, which FUSE carries without help from the caller;
+// `krfs atomic faa|cas` is the shell form.
+//
+// # Zero copy
+//
+// A READ's response lands in the buffer go-fuse replies from (the dest
+// slice of Read), and a WRITE is sent from the FUSE request buffer: the
+// only copies of payload bytes are the kernel's.
+//
+// # The seam
+//
+// The filesystem knows nothing of QPs: it calls a Backend (the daemon's
+// adapter over qpcore and the meta client). Tests mount it over an
+// in-memory fake.
+package fs

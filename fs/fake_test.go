@@ -1,0 +1,326 @@
+package fs_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+
+	"github.com/krfs/krfs/fs"
+)
+
+// fakeBackend is an in-memory cluster: every peer's regions are byte
+// slices, messages go to channels. down marks gids that fail with
+// EHOSTDOWN; slow makes every remote call time out.
+type fakeBackend struct {
+	self uint32
+
+	mu      sync.Mutex
+	peers   map[uint32]map[string]*fakeRegion
+	ports   map[uint32]chan []byte // this node's bound ports
+	down    map[uint32]bool
+	connect int // Connect calls
+	closed  int // Conn.Close calls
+}
+
+type fakeRegion struct {
+	mu   sync.Mutex
+	info fs.Region
+	data []byte
+}
+
+func newFake(self uint32) *fakeBackend {
+	f := &fakeBackend{self: self, peers: map[uint32]map[string]*fakeRegion{}, ports: map[uint32]chan []byte{}, down: map[uint32]bool{}}
+	f.addPeer(self, 4096)
+	return f
+}
+
+func (f *fakeBackend) addPeer(gid uint32, memSize int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.peers[gid] = map[string]*fakeRegion{"mem": {info: fs.Region{Name: "mem", Size: int64(memSize), Mode: 0o666, Remote: true}, data: make([]byte, memSize)}}
+}
+
+func (f *fakeBackend) Self() uint32 { return f.self }
+
+func (f *fakeBackend) Peers(ctx context.Context) ([]uint32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []uint32
+	for g := range f.peers {
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+func (f *fakeBackend) PeerInfo(ctx context.Context, gid uint32) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peers[gid] == nil {
+		return "", syscall.ENOENT
+	}
+	return fmt.Sprintf("gid %d\ntransport dct\n", gid), nil
+}
+
+func (f *fakeBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peers[gid] == nil {
+		return nil, syscall.ENOENT
+	}
+	f.connect++
+	return &fakeConn{f: f, gid: gid}, nil
+}
+
+func (f *fakeBackend) Regions() []fs.Region {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []fs.Region
+	for _, r := range f.peers[f.self] {
+		out = append(out, r.info)
+	}
+	return out
+}
+
+func (f *fakeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs.Region, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rs := f.peers[f.self]
+	if r := rs[name]; r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		nd := make([]byte, size)
+		copy(nd, r.data)
+		r.data, r.info.Size = nd, size
+		return r.info, nil
+	}
+	r := &fakeRegion{info: fs.Region{Name: name, Size: size, Mode: mode, UID: uid, GID: gid, Remote: true}, data: make([]byte, size)}
+	rs[name] = r
+	return r.info, nil
+}
+
+func (f *fakeBackend) Unexport(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if name == "mem" {
+		return syscall.EBUSY
+	}
+	if f.peers[f.self][name] == nil {
+		return syscall.ENOENT
+	}
+	delete(f.peers[f.self], name)
+	return nil
+}
+
+func (f *fakeBackend) LocalRegion(name string) (fs.LocalRegion, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r := f.peers[f.self][name]
+	if r == nil {
+		return nil, syscall.ENOENT
+	}
+	return r, nil
+}
+
+func (f *fakeBackend) Bind(port uint32) (fs.Port, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ports[port] != nil {
+		return nil, syscall.EADDRINUSE
+	}
+	ch := make(chan []byte, 64)
+	f.ports[port] = ch
+	return &fakePort{f: f, num: port, ch: ch}, nil
+}
+
+func (f *fakeBackend) Ports() []uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []uint32
+	for p := range f.ports {
+		out = append(out, p)
+	}
+	return out
+}
+
+func (f *fakeBackend) Stats(w io.Writer, json bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if json {
+		_, err := fmt.Fprintf(w, "{\"connects\": %d}\n", f.connect)
+		return err
+	}
+	_, err := fmt.Fprintf(w, "connects %d\n", f.connect)
+	return err
+}
+
+func (r *fakeRegion) Info() fs.Region {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.info
+}
+
+func (r *fakeRegion) ReadAt(p []byte, off int64) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if off+int64(len(p)) > int64(len(r.data)) {
+		return 0, syscall.EINVAL
+	}
+	return copy(p, r.data[off:]), nil
+}
+
+func (r *fakeRegion) WriteAt(p []byte, off int64) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if off+int64(len(p)) > int64(len(r.data)) {
+		return 0, syscall.EFBIG
+	}
+	return copy(r.data[off:], p), nil
+}
+
+func (r *fakeRegion) FetchAdd(off int64, d uint64) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := binary.NativeEndian.Uint64(r.data[off:])
+	binary.NativeEndian.PutUint64(r.data[off:], old+d)
+	return old, nil
+}
+
+func (r *fakeRegion) CompareAndSwap(off int64, cmp, swap uint64) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := binary.NativeEndian.Uint64(r.data[off:])
+	if old == cmp {
+		binary.NativeEndian.PutUint64(r.data[off:], swap)
+	}
+	return old, nil
+}
+
+func (r *fakeRegion) Chmod(mode uint32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.info.Mode = mode
+	return nil
+}
+
+func (r *fakeRegion) Chown(uid, gid uint32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.info.UID, r.info.GID = uid, gid
+	return nil
+}
+
+type fakeConn struct {
+	f   *fakeBackend
+	gid uint32
+}
+
+func (c *fakeConn) region(name string) (*fakeRegion, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	if c.f.down[c.gid] {
+		return nil, syscall.EHOSTDOWN
+	}
+	r := c.f.peers[c.gid][name]
+	if r == nil {
+		return nil, syscall.ENOENT
+	}
+	return r, nil
+}
+
+func (c *fakeConn) Regions(ctx context.Context) ([]fs.Region, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	if c.f.down[c.gid] {
+		return nil, syscall.EHOSTDOWN
+	}
+	var out []fs.Region
+	for _, r := range c.f.peers[c.gid] {
+		out = append(out, r.Info())
+	}
+	return out, nil
+}
+
+func (c *fakeConn) ReadAt(ctx context.Context, region string, p []byte, off int64) (int, error) {
+	r, err := c.region(region)
+	if err != nil {
+		return 0, err
+	}
+	return r.ReadAt(p, off)
+}
+
+func (c *fakeConn) WriteAt(ctx context.Context, region string, p []byte, off int64) (int, error) {
+	r, err := c.region(region)
+	if err != nil {
+		return 0, err
+	}
+	return r.WriteAt(p, off)
+}
+
+func (c *fakeConn) FetchAdd(ctx context.Context, region string, off int64, d uint64) (uint64, error) {
+	r, err := c.region(region)
+	if err != nil {
+		return 0, err
+	}
+	return r.FetchAdd(off, d)
+}
+
+func (c *fakeConn) CompareAndSwap(ctx context.Context, region string, off int64, cmp, swap uint64) (uint64, error) {
+	r, err := c.region(region)
+	if err != nil {
+		return 0, err
+	}
+	return r.CompareAndSwap(off, cmp, swap)
+}
+
+func (c *fakeConn) Send(ctx context.Context, port uint32, msg []byte) error {
+	c.f.mu.Lock()
+	if c.f.down[c.gid] {
+		c.f.mu.Unlock()
+		return syscall.EHOSTDOWN
+	}
+	var ch chan []byte
+	if c.gid == c.f.self {
+		ch = c.f.ports[port]
+	}
+	c.f.mu.Unlock()
+	if ch == nil {
+		return syscall.ECONNREFUSED
+	}
+	ch <- append([]byte(nil), msg...)
+	return nil
+}
+
+func (c *fakeConn) Close() error {
+	c.f.mu.Lock()
+	c.f.closed++
+	c.f.mu.Unlock()
+	return nil
+}
+
+type fakePort struct {
+	f   *fakeBackend
+	num uint32
+	ch  chan []byte
+}
+
+func (p *fakePort) Recv(ctx context.Context, buf []byte) (int, error) {
+	select {
+	case m := <-p.ch:
+		if len(m) > len(buf) {
+			return 0, syscall.EMSGSIZE
+		}
+		return copy(buf, m), nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func (p *fakePort) Close() error {
+	p.f.mu.Lock()
+	delete(p.f.ports, p.num)
+	p.f.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,172 @@
+package fs
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Options tune a mount.
+type Options struct {
+	// AllowOther lets users other than the mounting one use the mount.
+	AllowOther bool
+	// DefaultPermissions makes the kernel check permissions from the
+	// files' mode and owner.
+	DefaultPermissions bool
+	// Timeout bounds every remote operation (default 2 s).
+	Timeout time.Duration
+	// Debug logs every FUSE request.
+	Debug bool
+	// Name is the fuse.<Name> filesystem type shown in the mount table.
+	Name string
+}
+
+// MaxIO is the largest read or write one FUSE request carries (the
+// kernel's limit is 256 pages).
+const MaxIO = 1 << 20
+
+// Mount mounts the tree of b at dir and returns the running server; call
+// Unmount (or Server.Unmount) to stop it.
+func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Second
+	}
+	if o.Name == "" {
+		o.Name = "krfs"
+	}
+	root := newRoot(b, o)
+	long := time.Hour
+	short := time.Second
+	opts := &gofs.Options{
+		EntryTimeout:    &short,
+		AttrTimeout:     &short,
+		NegativeTimeout: &short,
+		MountOptions: fuse.MountOptions{
+			AllowOther:        o.AllowOther,
+			FsName:            "krfs",
+			Name:              o.Name,
+			MaxWrite:          MaxIO,
+			DirectMountStrict: true,
+			Debug:             o.Debug,
+			DisableXAttrs:     true,
+		},
+	}
+	_ = long
+	if o.DefaultPermissions {
+		opts.MountOptions.Options = append(opts.MountOptions.Options, "default_permissions")
+	}
+	return gofs.Mount(dir, root, opts)
+}
+
+// errno maps a backend error to the errno a file operation returns.
+func errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return syscall.ETIMEDOUT
+	case errors.Is(err, os.ErrNotExist):
+		return syscall.ENOENT
+	case errors.Is(err, os.ErrPermission):
+		return syscall.EACCES
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	}
+	return syscall.EIO
+}
+
+// Atomic ioctls on region files (peers/<gid>/mem, peers/<gid>/mr/<name>,
+// regions/<name>). Both take and return an AtomicArg; they are restricted
+// ioctls (the size is encoded in the command), so FUSE carries them.
+var (
+	IoctlFetchAdd       = iowr('k', 1, AtomicArgSize)
+	IoctlCompareAndSwap = iowr('k', 2, AtomicArgSize)
+)
+
+// AtomicArg is the argument of the atomic ioctls, in host byte order:
+//
+//	offset  u64  8-byte aligned offset in the region
+//	a       u64  FETCH_ADD: the addend; CMP_SWAP: the compare value
+//	b       u64  CMP_SWAP: the swap value
+//	old     u64  out: the word's value before the operation
+type AtomicArg struct {
+	Offset, A, B, Old uint64
+}
+
+// AtomicArgSize is the encoded size of AtomicArg.
+const AtomicArgSize = 32
+
+// Encode writes a into b (AtomicArgSize bytes).
+func (a *AtomicArg) Encode(b []byte) {
+	e := binary.NativeEndian
+	e.PutUint64(b[0:], a.Offset)
+	e.PutUint64(b[8:], a.A)
+	e.PutUint64(b[16:], a.B)
+	e.PutUint64(b[24:], a.Old)
+}
+
+// Decode reads a from b.
+func (a *AtomicArg) Decode(b []byte) error {
+	if len(b) < AtomicArgSize {
+		return syscall.EINVAL
+	}
+	e := binary.NativeEndian
+	a.Offset, a.A, a.B, a.Old = e.Uint64(b[0:]), e.Uint64(b[8:]), e.Uint64(b[16:]), e.Uint64(b[24:])
+	return nil
+}
+
+func iowr(typ byte, nr uint32, size uint32) uint32 {
+	const read, write = 2, 1
+	return (read|write)<<30 | size<<16 | uint32(typ)<<8 | nr
+}
+
+// atomicIoctl decodes an atomic ioctl and runs it with fa or cas.
+func atomicIoctl(cmd uint32, input, output []byte,
+	fa func(off int64, delta uint64) (uint64, error),
+	cas func(off int64, cmp, swap uint64) (uint64, error)) (int32, syscall.Errno) {
+	var arg AtomicArg
+	if cmd != IoctlFetchAdd && cmd != IoctlCompareAndSwap {
+		return 0, syscall.ENOTTY
+	}
+	if err := arg.Decode(input); err != nil || len(output) < AtomicArgSize {
+		return 0, syscall.EINVAL
+	}
+	if arg.Offset%8 != 0 || arg.Offset > 1<<62 {
+		return 0, syscall.EINVAL
+	}
+	var err error
+	if cmd == IoctlFetchAdd {
+		arg.Old, err = fa(int64(arg.Offset), arg.A)
+	} else {
+		arg.Old, err = cas(int64(arg.Offset), arg.A, arg.B)
+	}
+	if err != nil {
+		return 0, errno(err)
+	}
+	arg.Encode(output)
+	return 0, 0
+}
+
+// parseUint parses a decimal name (a gid or a port).
+func parseUint(name string) (uint32, bool) {
+	v, err := strconv.ParseUint(name, 10, 32)
+	if err != nil || v == 0 || strconv.FormatUint(v, 10) != name {
+		return 0, false
+	}
+	return uint32(v), true
+}
+
+func fmtUint(v uint32) string { return fmt.Sprint(v) }

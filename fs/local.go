@@ -1,0 +1,348 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// regionsDir is regions/: the regions this node exports. Creating a file
+// exports an empty region, truncating it sets the size, removing it
+// unexports it.
+type regionsDir struct {
+	gofs.Inode
+	m *mount
+}
+
+var (
+	_ = (gofs.NodeReaddirer)((*regionsDir)(nil))
+	_ = (gofs.NodeLookuper)((*regionsDir)(nil))
+	_ = (gofs.NodeCreater)((*regionsDir)(nil))
+	_ = (gofs.NodeUnlinker)((*regionsDir)(nil))
+)
+
+func (d *regionsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	rs := d.m.b.Regions()
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Name < rs[j].Name })
+	ents := make([]fuse.DirEntry, len(rs))
+	for i, r := range rs {
+		ents[i] = fuse.DirEntry{Name: r.Name, Mode: syscall.S_IFREG}
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+func (d *regionsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	r, err := d.m.b.LocalRegion(name)
+	if err != nil {
+		return nil, errno(err)
+	}
+	fillLocal(&out.Attr, r.Info())
+	return d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	caller, _ := fuse.FromContext(ctx)
+	uid, gid := uint32(0), uint32(0)
+	if caller != nil {
+		uid, gid = caller.Uid, caller.Gid
+	}
+	if _, err := d.m.b.LocalRegion(name); err == nil {
+		return nil, nil, 0, syscall.EEXIST
+	}
+	r, err := d.m.b.Export(name, 0, mode&0o7777, uid, gid)
+	if err != nil {
+		return nil, nil, 0, errno(err)
+	}
+	fillLocal(&out.Attr, r)
+	n := d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG})
+	return n, nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (d *regionsDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	return errno(d.m.b.Unexport(name))
+}
+
+func fillLocal(a *fuse.Attr, r Region) {
+	a.Size = uint64(r.Size)
+	a.Mode = syscall.S_IFREG | r.Mode&0o7777
+	a.Uid, a.Gid = r.UID, r.GID
+}
+
+// localRegionFile is regions/<name>: the region in this node's memory.
+type localRegionFile struct {
+	gofs.Inode
+	m    *mount
+	name string
+}
+
+var (
+	_ = (gofs.NodeOpener)((*localRegionFile)(nil))
+	_ = (gofs.NodeGetattrer)((*localRegionFile)(nil))
+	_ = (gofs.NodeSetattrer)((*localRegionFile)(nil))
+	_ = (gofs.NodeReader)((*localRegionFile)(nil))
+	_ = (gofs.NodeWriter)((*localRegionFile)(nil))
+	_ = (gofs.NodeIoctler)((*localRegionFile)(nil))
+)
+
+func (f *localRegionFile) region() (LocalRegion, syscall.Errno) {
+	r, err := f.m.b.LocalRegion(f.name)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return r, 0
+}
+
+func (f *localRegionFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	r, e := f.region()
+	if e != 0 {
+		return e
+	}
+	fillLocal(&out.Attr, r.Info())
+	return 0
+}
+
+func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	r, e := f.region()
+	if e != 0 {
+		return e
+	}
+	info := r.Info()
+	caller, _ := fuse.FromContext(ctx)
+	owner := caller == nil || caller.Uid == 0 || caller.Uid == info.UID
+	if mode, ok := in.GetMode(); ok {
+		if !owner {
+			return syscall.EPERM
+		}
+		if err := r.Chmod(mode & 0o7777); err != nil {
+			return errno(err)
+		}
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if uok || gok {
+		if caller != nil && caller.Uid != 0 {
+			return syscall.EPERM // only root gives a region away
+		}
+		if !uok {
+			uid = info.UID
+		}
+		if !gok {
+			gid = info.GID
+		}
+		if err := r.Chown(uid, gid); err != nil {
+			return errno(err)
+		}
+	}
+	if sz, ok := in.GetSize(); ok && int64(sz) != info.Size {
+		if sz > 1<<40 {
+			return syscall.EFBIG
+		}
+		if _, err := f.m.b.Export(f.name, int64(sz), info.Mode, info.UID, info.GID); err != nil {
+			return errno(err)
+		}
+	}
+	return f.Getattr(ctx, fh, out)
+}
+
+func (f *localRegionFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if _, e := f.region(); e != 0 {
+		return nil, 0, e
+	}
+	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+}
+
+func (f *localRegionFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	r, e := f.region()
+	if e != 0 {
+		return nil, e
+	}
+	size := r.Info().Size
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	if off >= size {
+		return fuse.ReadResultData(nil), 0
+	}
+	n, err := r.ReadAt(dest[:min(int64(len(dest)), size-off)], off)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	r, e := f.region()
+	if e != 0 {
+		return 0, e
+	}
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	if off+int64(len(data)) > r.Info().Size {
+		return 0, syscall.EFBIG
+	}
+	n, err := r.WriteAt(data, off)
+	if err != nil {
+		return 0, errno(err)
+	}
+	return uint32(n), 0
+}
+
+func (f *localRegionFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	r, e := f.region()
+	if e != 0 {
+		return 0, e
+	}
+	size := r.Info().Size
+	return atomicIoctl(cmd, input, output,
+		func(off int64, d uint64) (uint64, error) {
+			if off+8 > size {
+				return 0, syscall.EINVAL
+			}
+			return r.FetchAdd(off, d)
+		},
+		func(off int64, cmp, swap uint64) (uint64, error) {
+			if off+8 > size {
+				return 0, syscall.EINVAL
+			}
+			return r.CompareAndSwap(off, cmp, swap)
+		})
+}
+
+// portsDir is ports/: this node's receive ports. Creating ports/<port>
+// binds it; each read() of it returns exactly one message; removing it
+// unbinds.
+type portsDir struct {
+	gofs.Inode
+	m *mount
+}
+
+var (
+	_ = (gofs.NodeReaddirer)((*portsDir)(nil))
+	_ = (gofs.NodeLookuper)((*portsDir)(nil))
+	_ = (gofs.NodeCreater)((*portsDir)(nil))
+	_ = (gofs.NodeMknoder)((*portsDir)(nil))
+	_ = (gofs.NodeUnlinker)((*portsDir)(nil))
+)
+
+func (d *portsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	ps := d.m.b.Ports()
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	ents := make([]fuse.DirEntry, len(ps))
+	for i, p := range ps {
+		ents[i] = fuse.DirEntry{Name: fmtUint(p), Mode: syscall.S_IFREG}
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+func (d *portsDir) port(name string) (Port, uint32, syscall.Errno) {
+	p, ok := parseUint(name)
+	if !ok {
+		return nil, 0, syscall.ENOENT
+	}
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	if port := d.m.ports[p]; port != nil {
+		return port, p, 0
+	}
+	return nil, p, syscall.ENOENT
+}
+
+func (d *portsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	port, p, e := d.port(name)
+	if e != 0 {
+		return nil, e
+	}
+	out.Mode = syscall.S_IFREG | 0o444
+	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+func (d *portsDir) bind(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	p, ok := parseUint(name)
+	if !ok {
+		return nil, syscall.EINVAL
+	}
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	if d.m.ports[p] != nil {
+		return nil, syscall.EEXIST
+	}
+	port, err := d.m.b.Bind(p)
+	if err != nil {
+		return nil, errno(err)
+	}
+	d.m.ports[p] = port
+	out.Mode = syscall.S_IFREG | 0o444
+	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+func (d *portsDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	n, e := d.bind(ctx, name, out)
+	if e != 0 {
+		return nil, nil, 0, e
+	}
+	return n, nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (d *portsDir) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return d.bind(ctx, name, out)
+}
+
+func (d *portsDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	p, ok := parseUint(name)
+	if !ok {
+		return syscall.ENOENT
+	}
+	d.m.mu.Lock()
+	port := d.m.ports[p]
+	delete(d.m.ports, p)
+	d.m.mu.Unlock()
+	if port == nil {
+		return syscall.ENOENT
+	}
+	return errno(port.Close())
+}
+
+// localPortFile is ports/<port>.
+type localPortFile struct {
+	gofs.Inode
+	m    *mount
+	num  uint32
+	port Port
+}
+
+var (
+	_ = (gofs.NodeOpener)((*localPortFile)(nil))
+	_ = (gofs.NodeReader)((*localPortFile)(nil))
+	_ = (gofs.NodeGetattrer)((*localPortFile)(nil))
+)
+
+func (f *localPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	return 0
+}
+
+func (f *localPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+}
+
+// Read returns exactly one message (offsets are ignored: a port is a
+// stream of messages). It blocks until one arrives; a signal to the reader
+// interrupts the wait.
+func (f *localPortFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := f.port.Recv(ctx, dest)
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return nil, syscall.EINTR
+		}
+		return nil, errno(err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}

@@ -1,0 +1,461 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"sort"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// mount holds what every node of one mount shares.
+type mount struct {
+	b Backend
+	o Options
+
+	mu    sync.Mutex       // guards ports
+	ports map[uint32]Port // bound through ports/
+}
+
+func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc) {
+	// FUSE cancels ctx when the calling process gets a signal; a short
+	// remote operation is not worth abandoning half way (MACHINE.md), so
+	// only the mount's own timeout bounds it.
+	return context.WithTimeout(context.WithoutCancel(parent), m.o.Timeout)
+}
+
+// root is the mount's root directory.
+type root struct {
+	gofs.Inode
+	m *mount
+}
+
+var _ = (gofs.NodeOnAdder)((*root)(nil))
+
+func newRoot(b Backend, o Options) *root {
+	return &root{m: &mount{b: b, o: o, ports: map[uint32]Port{}}}
+}
+
+func (r *root) OnAdd(ctx context.Context) {
+	m := r.m
+	add := func(name string, n gofs.InodeEmbedder, mode uint32) {
+		r.AddChild(name, r.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: mode}), false)
+	}
+	add("peers", &peersDir{m: m}, syscall.S_IFDIR)
+	add("regions", &regionsDir{m: m}, syscall.S_IFDIR)
+	add("ports", &portsDir{m: m}, syscall.S_IFDIR)
+	add("stats", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, false) }}, syscall.S_IFREG)
+	add("stats.json", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
+}
+
+// peersDir lists the live nodes of the cluster.
+type peersDir struct {
+	gofs.Inode
+	m *mount
+}
+
+var _ = (gofs.NodeReaddirer)((*peersDir)(nil))
+var _ = (gofs.NodeLookuper)((*peersDir)(nil))
+
+func (d *peersDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	c, cancel := d.m.ctx(ctx)
+	defer cancel()
+	gids, err := d.m.b.Peers(c)
+	if err != nil {
+		return nil, errno(err)
+	}
+	sort.Slice(gids, func(i, j int) bool { return gids[i] < gids[j] })
+	ents := make([]fuse.DirEntry, len(gids))
+	for i, g := range gids {
+		ents[i] = fuse.DirEntry{Name: fmtUint(g), Mode: syscall.S_IFDIR}
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	gid, ok := parseUint(name)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	c, cancel := d.m.ctx(ctx)
+	defer cancel()
+	if _, err := d.m.b.PeerInfo(c, gid); err != nil {
+		return nil, errno(err)
+	}
+	out.Mode = syscall.S_IFDIR | 0o755
+	return d.NewInode(ctx, &peerDir{m: d.m, gid: gid}, gofs.StableAttr{Mode: syscall.S_IFDIR}), 0
+}
+
+// peerDir is peers/<gid>/: mem, mr/, ports/, info.
+type peerDir struct {
+	gofs.Inode
+	m   *mount
+	gid uint32
+}
+
+var _ = (gofs.NodeOnAdder)((*peerDir)(nil))
+
+func (d *peerDir) OnAdd(ctx context.Context) {
+	add := func(name string, n gofs.InodeEmbedder, mode uint32) {
+		d.AddChild(name, d.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: mode}), false)
+	}
+	add("mem", &remoteFile{m: d.m, gid: d.gid, region: "mem"}, syscall.S_IFREG)
+	add("mr", &peerMRDir{m: d.m, gid: d.gid}, syscall.S_IFDIR)
+	add("ports", &peerPortsDir{m: d.m, gid: d.gid}, syscall.S_IFDIR)
+	add("info", &textFile{render: func(w *bytes.Buffer) error {
+		c, cancel := d.m.ctx(context.Background())
+		defer cancel()
+		s, err := d.m.b.PeerInfo(c, d.gid)
+		w.WriteString(s)
+		return err
+	}}, syscall.S_IFREG)
+}
+
+// peerMRDir lists a peer's exported regions.
+type peerMRDir struct {
+	gofs.Inode
+	m   *mount
+	gid uint32
+}
+
+var _ = (gofs.NodeReaddirer)((*peerMRDir)(nil))
+var _ = (gofs.NodeLookuper)((*peerMRDir)(nil))
+
+func (d *peerMRDir) regions(ctx context.Context) ([]Region, error) {
+	c, cancel := d.m.ctx(ctx)
+	defer cancel()
+	conn, err := d.m.b.Connect(c, d.gid)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.Regions(c)
+}
+
+func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	rs, err := d.regions(ctx)
+	if err != nil {
+		return nil, errno(err)
+	}
+	ents := make([]fuse.DirEntry, 0, len(rs))
+	for _, r := range rs {
+		ents = append(ents, fuse.DirEntry{Name: r.Name, Mode: syscall.S_IFREG})
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	rs, err := d.regions(ctx)
+	if err != nil {
+		return nil, errno(err)
+	}
+	for _, r := range rs {
+		if r.Name == name {
+			f := &remoteFile{m: d.m, gid: d.gid, region: name}
+			f.fill(&out.Attr, r)
+			return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+		}
+	}
+	return nil, syscall.ENOENT
+}
+
+// remoteFile is a peer's region; each open is one virtual QP.
+type remoteFile struct {
+	gofs.Inode
+	m      *mount
+	gid    uint32
+	region string
+}
+
+var (
+	_ = (gofs.NodeOpener)((*remoteFile)(nil))
+	_ = (gofs.NodeGetattrer)((*remoteFile)(nil))
+	_ = (gofs.NodeReader)((*remoteFile)(nil))
+	_ = (gofs.NodeWriter)((*remoteFile)(nil))
+	_ = (gofs.NodeIoctler)((*remoteFile)(nil))
+	_ = (gofs.NodeReleaser)((*remoteFile)(nil))
+	_ = (gofs.NodeSetattrer)((*remoteFile)(nil))
+)
+
+// remoteHandle is an open remote file: its VQP and the region size seen at
+// open.
+type remoteHandle struct {
+	conn Conn
+	size int64
+}
+
+func (f *remoteFile) fill(a *fuse.Attr, r Region) {
+	a.Size = uint64(r.Size)
+	a.Mode = syscall.S_IFREG | r.Mode&0o7777
+	a.Uid, a.Gid = r.UID, r.GID
+}
+
+func (f *remoteFile) lookup(ctx context.Context, conn Conn) (Region, error) {
+	rs, err := conn.Regions(ctx)
+	if err != nil {
+		return Region{}, err
+	}
+	for _, r := range rs {
+		if r.Name == f.region {
+			return r, nil
+		}
+	}
+	return Region{}, syscall.ENOENT
+}
+
+func (f *remoteFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	var conn Conn
+	if h, ok := fh.(*remoteHandle); ok {
+		conn = h.conn
+	} else {
+		var err error
+		if conn, err = f.m.b.Connect(c, f.gid); err != nil {
+			return errno(err)
+		}
+		defer conn.Close()
+	}
+	r, err := f.lookup(c, conn)
+	if err != nil {
+		return errno(err)
+	}
+	f.fill(&out.Attr, r)
+	return 0
+}
+
+// Setattr accepts only a size equal to the region's (so O_TRUNC of a shell
+// redirection is harmless) and ignores times.
+func (f *remoteFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetMode(); ok {
+		return syscall.EPERM
+	}
+	if _, ok := in.GetUID(); ok {
+		return syscall.EPERM
+	}
+	if sz, ok := in.GetSize(); ok {
+		var cur fuse.AttrOut
+		if e := f.Getattr(ctx, fh, &cur); e != 0 {
+			return e
+		}
+		if sz != cur.Size && sz != 0 {
+			return syscall.EINVAL
+		}
+	}
+	return f.Getattr(ctx, fh, out)
+}
+
+func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	conn, err := f.m.b.Connect(c, f.gid)
+	if err != nil {
+		return nil, 0, errno(err)
+	}
+	r, err := f.lookup(c, conn)
+	if err != nil {
+		conn.Close()
+		return nil, 0, errno(err)
+	}
+	// direct_io: every read reaches the peer; no readahead of 128 KiB for
+	// an 8-byte read.
+	return &remoteHandle{conn: conn, size: r.Size}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+}
+
+func (f *remoteFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
+	if h, ok := fh.(*remoteHandle); ok {
+		h.conn.Close()
+	}
+	return 0
+}
+
+func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h, ok := fh.(*remoteHandle)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	if off >= h.size {
+		return fuse.ReadResultData(nil), 0
+	}
+	n := min(int64(len(dest)), h.size-off)
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	// The READ response lands in dest, the buffer go-fuse replies from.
+	got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return fuse.ReadResultData(dest[:got]), 0
+}
+
+func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	h, ok := fh.(*remoteHandle)
+	if !ok {
+		return 0, syscall.EBADF
+	}
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	if off+int64(len(data)) > h.size {
+		return 0, syscall.EFBIG
+	}
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	// Sent straight from the FUSE request buffer.
+	n, err := h.conn.WriteAt(c, f.region, data, off)
+	if err != nil {
+		return 0, errno(err)
+	}
+	return uint32(n), 0
+}
+
+func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	h, ok := fh.(*remoteHandle)
+	if !ok {
+		return 0, syscall.EBADF
+	}
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	return atomicIoctl(cmd, input, output,
+		func(off int64, d uint64) (uint64, error) {
+			if off+8 > h.size {
+				return 0, syscall.EINVAL
+			}
+			return h.conn.FetchAdd(c, f.region, off, d)
+		},
+		func(off int64, cmp, swap uint64) (uint64, error) {
+			if off+8 > h.size {
+				return 0, syscall.EINVAL
+			}
+			return h.conn.CompareAndSwap(c, f.region, off, cmp, swap)
+		})
+}
+
+// peerPortsDir holds peers/<gid>/ports/<port>: each write() sends one
+// message to that port on the peer.
+type peerPortsDir struct {
+	gofs.Inode
+	m   *mount
+	gid uint32
+}
+
+var _ = (gofs.NodeLookuper)((*peerPortsDir)(nil))
+var _ = (gofs.NodeReaddirer)((*peerPortsDir)(nil))
+
+func (d *peerPortsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	return gofs.NewListDirStream(nil), 0
+}
+
+func (d *peerPortsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	port, ok := parseUint(name)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	out.Mode = syscall.S_IFREG | 0o222
+	return d.NewInode(ctx, &peerPortFile{m: d.m, gid: d.gid, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+type peerPortFile struct {
+	gofs.Inode
+	m    *mount
+	gid  uint32
+	port uint32
+}
+
+var (
+	_ = (gofs.NodeOpener)((*peerPortFile)(nil))
+	_ = (gofs.NodeWriter)((*peerPortFile)(nil))
+	_ = (gofs.NodeReleaser)((*peerPortFile)(nil))
+	_ = (gofs.NodeGetattrer)((*peerPortFile)(nil))
+	_ = (gofs.NodeSetattrer)((*peerPortFile)(nil))
+)
+
+func (f *peerPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o222
+	return 0
+}
+
+func (f *peerPortFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o222
+	return 0 // truncation by shell redirection is meaningless and harmless
+}
+
+func (f *peerPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	conn, err := f.m.b.Connect(c, f.gid)
+	if err != nil {
+		return nil, 0, errno(err)
+	}
+	return &remoteHandle{conn: conn}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+}
+
+func (f *peerPortFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
+	if h, ok := fh.(*remoteHandle); ok {
+		h.conn.Close()
+	}
+	return 0
+}
+
+func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	h, ok := fh.(*remoteHandle)
+	if !ok {
+		return 0, syscall.EBADF
+	}
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	if err := h.conn.Send(c, f.port, data); err != nil {
+		return 0, errno(err)
+	}
+	return uint32(len(data)), 0
+}
+
+// textFile renders text at open; reads come from that snapshot.
+type textFile struct {
+	gofs.Inode
+	render func(w *bytes.Buffer) error
+}
+
+var (
+	_ = (gofs.NodeOpener)((*textFile)(nil))
+	_ = (gofs.NodeReader)((*textFile)(nil))
+	_ = (gofs.NodeGetattrer)((*textFile)(nil))
+)
+
+type textHandle struct{ b []byte }
+
+func (f *textFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	if h, ok := fh.(*textHandle); ok {
+		out.Size = uint64(len(h.b))
+	}
+	return 0
+}
+
+func (f *textFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	var b bytes.Buffer
+	if err := f.render(&b); err != nil {
+		return nil, 0, errno(err)
+	}
+	return &textHandle{b: b.Bytes()}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *textFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h := fh.(*textHandle)
+	if off >= int64(len(h.b)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(h.b[off:min(int64(len(h.b)), off+int64(len(dest)))]), 0
+}
