@@ -16,7 +16,7 @@ type mount struct {
 	b Backend
 	o Options
 
-	mu    sync.Mutex       // guards ports
+	mu    sync.Mutex      // guards ports
 	ports map[uint32]Port // bound through ports/
 }
 
