@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# cluster.sh: a local krfs cluster on one machine.
+#
+#   scripts/cluster.sh up N     a meta service and N hosts, each in its own
+#                               network namespace, joined by veth pairs to a
+#                               bridge; one `krfs mount` per host. Prints the
+#                               mount directory of every host.
+#   scripts/cluster.sh down     stops the daemons, unmounts, and removes the
+#                               namespaces, links and directories.
+#   scripts/cluster.sh restart I    restarts host I's daemon (same gid, same
+#                               region files), as after a crash.
+#   scripts/cluster.sh restart-meta restarts the meta service.
+#   scripts/cluster.sh status   lists what is running.
+#
+# Environment: KRFS_BIN (default bin/krfs, built if missing), KRFS_DIR (state
+# and mounts, default /run/krfs-cluster), KRFS_NET (the /24 used inside the
+# namespaces, default 10.77.0), KRFS_MEM (default region size, 16M).
+# Hosts are namespaces krfs-h1..N at $KRFS_NET.1..N, the meta service is
+# krfs-meta at $KRFS_NET.254, the bridge lives in namespace krfs-sw. The
+# daemons are started with `nsenter --net` (not `ip netns exec`, which would
+# hide their FUSE mounts in a private mount namespace).
+set -euo pipefail
+
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${KRFS_BIN:-$top/bin/krfs}
+DIR=${KRFS_DIR:-/run/krfs-cluster}
+NET=${KRFS_NET:-10.77.0}
+MEM=${KRFS_MEM:-16M}
+META_PORT=4790
+PORT=4791
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "must run as root (namespaces, FUSE)"; }
+
+ns_exec() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
+
+build() {
+	if [ ! -x "$BIN" ]; then
+		echo "building $BIN"
+		(cd "$top" && go build -o "$BIN" ./cmd/krfs)
+	fi
+}
+
+# link NS ADDR: a veth pair from namespace NS (eth0 with ADDR) to the bridge.
+link() {
+	local ns=$1 addr=$2 peer="v-$1"
+	ip netns add "$ns"
+	ip link add "$peer" type veth peer name eth0 netns "$ns"
+	ip link set "$peer" netns krfs-sw
+	ip -n krfs-sw link set "$peer" master br0 up
+	ip -n "$ns" addr add "$addr/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	ip -n "$ns" link set lo up
+}
+
+wait_mounted() {
+	local mnt=$1 log=$2
+	for _ in $(seq 1 100); do
+		if grep -q " $mnt fuse" /proc/self/mounts 2>/dev/null; then return 0; fi
+		sleep 0.1
+	done
+	echo "--- $log" >&2; tail -n 20 "$log" >&2 || true
+	die "$mnt did not come up"
+}
+
+start_host() {
+	local i=$1 mnt="$DIR/h$1"
+	mkdir -p "$mnt"
+	ns_exec "krfs-h$i" "$BIN" mount "$mnt" --meta "$NET.254:$META_PORT" --listen "$NET.$i:$PORT" \
+		--gid "$i" --mem-size "$MEM" --shm-dir "$DIR/shm-h$i" >>"$DIR/h$i.log" 2>&1 &
+	echo $! >"$DIR/h$i.pid"
+}
+
+start_meta() {
+	ns_exec krfs-meta "$BIN" meta --listen "$NET.254:$META_PORT" >>"$DIR/meta.log" 2>&1 &
+	echo $! >"$DIR/meta.pid"
+}
+
+stop_pid() {
+	local f=$1
+	[ -e "$f" ] || return 0
+	local p; p=$(cat "$f")
+	kill "$p" 2>/dev/null || true
+	for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+	kill -9 "$p" 2>/dev/null || true
+	rm -f "$f"
+}
+
+restart() {
+	local i=${1:?restart I}
+	need_root
+	stop_pid "$DIR/h$i.pid"
+	start_host "$i"
+	wait_mounted "$DIR/h$i" "$DIR/h$i.log"
+	echo "host $i ($NET.$i): $DIR/h$i"
+}
+
+restart_meta() {
+	need_root
+	stop_pid "$DIR/meta.pid"
+	start_meta
+}
+
+up() {
+	local n=${1:-3}
+	[[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "up N: N from 1 to 200"
+	need_root
+	[ -e /run/netns/krfs-sw ] && die "a cluster is already up (scripts/cluster.sh down first)"
+	build
+	mkdir -p "$DIR"
+	ip netns add krfs-sw
+	ip -n krfs-sw link add br0 type bridge
+	ip -n krfs-sw link set br0 up
+	ip -n krfs-sw link set lo up
+	link krfs-meta "$NET.254"
+	start_meta
+	for i in $(seq 1 "$n"); do
+		link "krfs-h$i" "$NET.$i"
+	done
+	sleep 0.2
+	for i in $(seq 1 "$n"); do
+		start_host "$i"
+	done
+	for i in $(seq 1 "$n"); do
+		wait_mounted "$DIR/h$i" "$DIR/h$i.log"
+		echo "host $i ($NET.$i): $DIR/h$i"
+	done
+}
+
+down() {
+	need_root
+	for p in "$DIR"/*.pid; do
+		[ -e "$p" ] || continue
+		kill "$(cat "$p")" 2>/dev/null || true
+	done
+	sleep 0.3
+	for p in "$DIR"/*.pid; do
+		[ -e "$p" ] || continue
+		kill -9 "$(cat "$p")" 2>/dev/null || true
+		rm -f "$p"
+	done
+	for m in "$DIR"/h*; do
+		[ -d "$m" ] || continue
+		umount -l "$m" 2>/dev/null || true
+	done
+	for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^krfs-' || true); do
+		ip netns del "$ns" 2>/dev/null || true
+	done
+	rm -rf "$DIR"
+}
+
+status() {
+	ip netns list 2>/dev/null | grep '^krfs-' || echo "no cluster namespaces"
+	grep " $DIR/" /proc/self/mounts 2>/dev/null || true
+}
+
+case "${1:-}" in
+up) shift; up "$@" ;;
+down) down ;;
+restart) shift; restart "$@" ;;
+restart-meta) restart_meta ;;
+status) status ;;
+*) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
