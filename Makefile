@@ -1,8 +1,8 @@
 # krfs build, test and benchmark entry points. `make test` is what CI runs.
 #
 # Variables (override on the command line, e.g. `make bench BENCH=UDP`):
-#   FUZZTIME       how long `make test` fuzzes each Fuzz target (10s)
-#   FUZZ_PKGS      packages `make test` fuzzes (./verbs/softnic/wire)
+#   FUZZTIME       how long `make test` fuzzes each Fuzz target (8s)
+#   FUZZ_PKGS      packages `make test` fuzzes (every package with a Fuzz target)
 #   LONG_FUZZTIME  how long `make fuzz` fuzzes each Fuzz target (5m)
 #   BENCH          regexp of benchmarks to run (.)
 #   BENCHTIME      -benchtime of each benchmark (1s)
@@ -17,8 +17,8 @@ SHELL := /bin/bash
 GO ?= go
 GOFMT ?= gofmt
 
-FUZZTIME ?= 10s
-FUZZ_PKGS ?= ./verbs/softnic/wire
+FUZZTIME ?= 8s
+FUZZ_PKGS ?= $(ALL_FUZZ_PKGS)
 LONG_FUZZTIME ?= 5m
 BENCH ?= .
 BENCHTIME ?= 1s
@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 20m
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench clean
+.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench clean demo
 
 build:
 	$(GO) build ./...
@@ -80,6 +80,10 @@ fuzz-short:
 # Longer fuzzing of every package that has Fuzz targets.
 fuzz:
 	@$(call run_fuzz,$(ALL_FUZZ_PKGS),$(LONG_FUZZTIME))
+
+# The main job end to end on one node with the embedded meta service.
+demo: build
+	scripts/demo.sh
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) $(BENCH_PKGS)

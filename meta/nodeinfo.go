@@ -24,4 +24,18 @@ var (
 	ErrNotFound    = errors.New("meta: no such node")
 	ErrGIDInUse    = errors.New("meta: gid held by a live node")
 	ErrUnreachable = errors.New("meta: no meta server reachable")
+
+	// ErrNotRegistered: a heartbeat or deregistration for a gid the
+	// server holds no live lease for (it expired, or the server restarted).
+	ErrNotRegistered = errors.New("meta: not registered")
+	// ErrTableFull: the server found no free slot within reach of the
+	// gid's home slot, or no gid to assign.
+	ErrTableFull = errors.New("meta: node table full")
+	// ErrMalformed: the server could not parse a request.
+	ErrMalformed = errors.New("meta: malformed message")
+	// ErrStale: the table still holds the metadata the data path just
+	// found stale (the peer restarted and has not registered again).
+	ErrStale = errors.New("meta: peer metadata is stale")
+	// ErrClosed: the Client, Server or Agent was closed.
+	ErrClosed = errors.New("meta: closed")
 )

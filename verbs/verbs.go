@@ -543,6 +543,8 @@ type Device interface {
 	CreateCQ(depth int) (CQ, error)
 	// ListenRC registers a connection-manager service on this device.
 	ListenRC(service uint32, accept AcceptFunc) error
+	// StopListenRC removes a service registered with ListenRC.
+	StopListenRC(service uint32) error
 	// ConnectRC brings qp (in RESET) up to RTS connected to the peer's
 	// service, with a request/reply/ready handshake. It returns the
 	// passive side's private data.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/softnictest"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
@@ -318,4 +319,42 @@ func TestConnectErrors(t *testing.T) {
 			t.Fatalf("connect to a closed device: %v", err)
 		}
 	})
+}
+
+// TestDeregDuringRead: an MR deregistered while a READ into it is in
+// flight is never written, and the READ fails with a local protection
+// error (issue found by the meta service's tests).
+func TestDeregDuringRead(t *testing.T) {
+	checkLeaks(t)
+	fb := newFabric(t, "fake", faults{})
+	fb.net.SetFilter(func(_, _ netip.AddrPort, h wire.Header, _ []byte) softnictest.Verdict {
+		if h.Op == wire.OpReadResp {
+			return softnictest.Delay(50 * time.Millisecond)
+		}
+		return softnictest.Pass
+	})
+	a, b := fb.node(), fb.node()
+	qa, _ := connect(t, a, b, 0)
+	copy(b.mem, "remote bytes")
+	b.dev.SyncMemory()
+	dst := make([]byte, 64)
+	lmr, err := a.pd.RegMR(dst, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(t, qa, verbs.SendWR{Op: verbs.OpRead, Flags: verbs.Signaled, Local: verbs.SGE{MR: lmr, Length: 64}, RKey: b.mr.RKey()})
+	if err := lmr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	wc := poll(t, a.cq, 1, 5*time.Second)[0]
+	if wc.Status != verbs.StatusLocProtErr {
+		t.Fatalf("READ into a deregistered MR: %+v", wc)
+	}
+	a.dev.SyncMemory()
+	if bytes.Contains(dst, []byte("remote")) {
+		t.Fatal("the NIC wrote into memory after its MR was deregistered")
+	}
+	if err := b.dev.StopListenRC(12345); !errors.Is(err, verbs.ErrInvalidArg) {
+		t.Fatalf("StopListenRC of an unknown service: %v", err)
+	}
 }

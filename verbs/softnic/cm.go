@@ -77,6 +77,17 @@ func (d *Device) ListenRC(service uint32, accept verbs.AcceptFunc) error {
 	return nil
 }
 
+// StopListenRC removes a CM service; later requests for it are rejected.
+func (d *Device) StopListenRC(service uint32) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.listeners[service]; !ok {
+		return fmt.Errorf("%w: no listener for service %d", verbs.ErrInvalidArg, service)
+	}
+	delete(d.listeners, service)
+	return nil
+}
+
 // ConnectRC connects qp (in RESET) to a service on a remote device. Without
 // a deadline on ctx it gives up after 2 s.
 func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrPort, service uint32, p verbs.ConnParams) ([]byte, error) {

@@ -522,7 +522,7 @@ func (r *requester) steer(from netip.AddrPort, h *wire.Header, index, plen int) 
 		return nil
 	}
 	w := r.sq[i]
-	if w.wr.Op != verbs.OpRead || w.done || psn.Less(w.first.Add(w.rsp)) {
+	if w.wr.Op != verbs.OpRead || w.done || psn.Less(w.first.Add(w.rsp)) || w.mr.dead.Load() {
 		return nil
 	}
 	off := uint64(psn.Sub(w.first)) * uint64(w.mtu)
@@ -598,6 +598,12 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 		if w.wr.Op != verbs.OpRead || w.done {
 			return
 		}
+		if w.mr.dead.Load() {
+			// The sink was deregistered while the READ was in flight: as on
+			// hardware, a local protection error, and nothing is written.
+			r.failFrom(i, verbs.StatusLocProtErr, verbs.ReasonNone)
+			return
+		}
 		expect := w.first.Add(w.rsp)
 		if psn != expect {
 			if expect.Less(psn) && (!r.gapValid || r.gapPSN != expect) {
@@ -642,6 +648,10 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 		}
 		w := r.sq[i]
 		if !w.wr.Op.IsAtomic() || w.done {
+			return
+		}
+		if w.mr.dead.Load() {
+			r.failFrom(i, verbs.StatusLocProtErr, verbs.ReasonNone)
 			return
 		}
 		binary.NativeEndian.PutUint64(w.local, h.Orig)

@@ -1,0 +1,757 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/ristretto/v2"
+
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/link"
+)
+
+// Client defaults.
+const (
+	DefaultCacheEntries   = 1 << 16
+	DefaultCacheTTL       = 30 * time.Second
+	DefaultDepth          = 64
+	DefaultRPCTimeout     = time.Second
+	DefaultConnectTimeout = time.Second
+	DefaultRetryInterval  = 200 * time.Millisecond
+	// ListChunk bounds one READ of List. The default table (2 MiB) is
+	// one READ; larger tables are read in several READs posted with one
+	// doorbell.
+	ListChunk = 16 << 20
+)
+
+// ClientConfig configures a Client. Zero fields take the defaults.
+type ClientConfig struct {
+	// Servers are the meta servers (replicas) to use, in order of
+	// preference.
+	Servers []netip.AddrPort
+	// Service is the servers' connection-manager service.
+	Service uint32
+	// CacheEntries bounds the DCCache (ristretto, one unit of cost per
+	// node); negative disables it. CacheTTL is how long an entry is kept
+	// (ristretto's TTL, wall-clock).
+	CacheEntries int64
+	CacheTTL     time.Duration
+	// UseRPC makes Lookup ask the server by RPC instead of READing the
+	// table: KRCORE's meta-rpc build, the baseline.
+	UseRPC bool
+	// Depth is the operations in flight per server connection (at most
+	// 1024).
+	Depth int
+	// RPCTimeout bounds the wait for a reply; ConnectTimeout a
+	// connection attempt.
+	RPCTimeout, ConnectTimeout time.Duration
+	// RetryInterval paces reconnection to a server that is down, and is
+	// how often the client checks whether a connection needs a ping.
+	RetryInterval time.Duration
+	// QPTimeout and QPRetryCnt tune the RC QPs (zero: the device's
+	// defaults); a dead server is noticed after about
+	// QPTimeout*(QPRetryCnt+1) on a READ.
+	QPTimeout  time.Duration
+	QPRetryCnt int
+	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
+	// nil is the system clock.
+	Clock link.Clock
+}
+
+func (c *ClientConfig) fill() error {
+	if len(c.Servers) == 0 {
+		return fmt.Errorf("meta: ClientConfig needs at least one server")
+	}
+	if c.Service == 0 {
+		c.Service = DefaultService
+	}
+	if c.CacheEntries == 0 {
+		c.CacheEntries = DefaultCacheEntries
+	}
+	if c.CacheTTL == 0 {
+		c.CacheTTL = DefaultCacheTTL
+	}
+	if c.Depth == 0 {
+		c.Depth = DefaultDepth
+	}
+	if c.RPCTimeout == 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = DefaultRetryInterval
+	}
+	if c.Clock == nil {
+		c.Clock = link.SystemClock{}
+	}
+	if c.Depth < 1 || c.Depth > maxSlots {
+		return fmt.Errorf("meta: Depth %d: want 1..%d", c.Depth, maxSlots)
+	}
+	return nil
+}
+
+// ClientStats are a client's counters.
+type ClientStats struct {
+	Lookups      uint64 // Lookup calls
+	CacheMisses  uint64 // Lookups not answered by the DCCache
+	Reads        uint64 // table READs completed
+	TornReads    uint64 // READs that found a write in progress and were repeated
+	RPCs         uint64 // requests answered
+	StrayReplies uint64 // replies that matched no waiting request
+	Failovers    uint64 // operations retried on another server
+	Connects     uint64 // connections made
+	Invalidated  uint64 // Invalidate and Stale calls
+}
+
+// Client reads the node table of one or more meta servers and caches
+// what it read. It is safe for concurrent use.
+type Client struct {
+	dev   verbs.Device
+	cfg   ClientConfig
+	clock link.Clock
+	pd    verbs.PD
+
+	servers []*server // one per configured address; the slice never changes
+	pref    atomic.Int32
+
+	cache *ristretto.Cache[uint32, NodeInfo] // nil when disabled
+	// inval counts invalidations: a lookup caches what it read only if
+	// no invalidation happened meanwhile.
+	inval atomic.Uint64
+
+	tick   *ticker
+	ctx    context.Context // ends at Close; bounds background work
+	cancel context.CancelFunc
+	done   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	st struct {
+		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
+		strayReplies, failovers, connects, inval atomic.Uint64
+	}
+}
+
+// server is the client's record of one meta server.
+type server struct {
+	addr netip.AddrPort
+
+	dialing chan struct{} // a semaphore serializing connection attempts
+
+	mu      sync.Mutex // guards the fields below
+	cur     *conn      // nil or dead: down
+	gens    uint64     // connections made so far
+	lastTry time.Time  // clock time of the last attempt
+	lastErr error
+}
+
+// NewClient makes a client of the meta servers in cfg.Servers on dev. It
+// connects to each; it fails only if none answers (ErrUnreachable). It
+// keeps trying the others in the background.
+func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{dev: dev, cfg: cfg, clock: cfg.Clock, pd: pd, done: make(chan struct{})}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	for _, a := range cfg.Servers {
+		c.servers = append(c.servers, &server{addr: a, dialing: make(chan struct{}, 1)})
+	}
+	if cfg.CacheEntries > 0 {
+		c.cache, err = ristretto.NewCache(&ristretto.Config[uint32, NodeInfo]{
+			NumCounters:        10 * cfg.CacheEntries,
+			MaxCost:            cfg.CacheEntries,
+			BufferItems:        64,
+			IgnoreInternalCost: true,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("meta: DCCache: %w", err)
+		}
+	}
+	// Connect to every server at once; return when one is up, and let
+	// the others finish in the background (a dead replica must not hold
+	// up a node's start by its connect timeout).
+	results := make(chan error, len(c.servers))
+	for _, s := range c.servers {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			cn, err := c.connect(c.ctx, s)
+			if err == nil {
+				cn.unref()
+			}
+			results <- err
+		}()
+	}
+	var errs []error
+	for len(errs) < len(c.servers) {
+		var err error
+		select {
+		case err = <-results:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if err == nil {
+			break
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if len(errs) == len(c.servers) {
+		c.Close()
+		return nil, fmt.Errorf("%w: %w", ErrUnreachable, errors.Join(errs...))
+	}
+	c.tick = newTicker(c.clock, cfg.RetryInterval)
+	c.wg.Add(1)
+	go c.maintain()
+	return c, nil
+}
+
+// Close closes the client's connections (telling the servers) and its
+// cache. Close Agents first: a closed client cannot deregister them.
+func (c *Client) Close() error {
+	c.once.Do(func() {
+		c.cancel()
+		close(c.done)
+		if c.tick != nil {
+			c.tick.Stop()
+		}
+		c.wg.Wait()
+		for _, s := range c.servers {
+			s.mu.Lock()
+			cn := s.cur
+			s.cur = nil
+			s.mu.Unlock()
+			if cn != nil {
+				if cn.ref() {
+					ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+					cn.call(ctx, message{kind: kindBye})
+					cancel()
+					cn.kill()
+					cn.unref()
+				}
+				cn.unref()
+			}
+		}
+		if c.cache != nil {
+			c.cache.Close()
+		}
+	})
+	return nil
+}
+
+func (c *Client) closed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// live returns s's connection with a reference taken, or nil if it is
+// down.
+func (s *server) live() *conn {
+	s.mu.Lock()
+	cn := s.cur
+	if cn == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	if !cn.ref() {
+		// Dead: drop the record's reference so that its resources go
+		// once the last operation on it ends.
+		s.cur = nil
+		s.mu.Unlock()
+		cn.unref()
+		return nil
+	}
+	s.mu.Unlock()
+	return cn
+}
+
+// connect returns s's live connection, or makes one. The caller gets a
+// reference.
+func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
+	if cn := s.live(); cn != nil {
+		return cn, nil
+	}
+	select {
+	case s.dialing <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.dialing }()
+	if cn := s.live(); cn != nil {
+		return cn, nil
+	}
+	if c.closed() {
+		return nil, ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	defer cancel()
+	s.mu.Lock()
+	gen := s.gens + 1
+	s.lastTry = c.clock.Now()
+	s.mu.Unlock()
+	cn, err := c.dial(ctx, s.addr, gen)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.lastErr = err
+		return nil, err
+	}
+	if c.closed() {
+		// Close may have gone over the servers already: drop it.
+		cn.kill()
+		cn.unref()
+		return nil, ErrClosed
+	}
+	old := s.cur
+	s.cur, s.gens, s.lastErr = cn, gen, nil
+	c.st.connects.Add(1)
+	cn.ref() // the caller's; the record keeps the dial's
+	if old != nil {
+		old.unref()
+	}
+	return cn, nil
+}
+
+// maintain reconnects servers that are down and pings idle connections so
+// that the servers keep them. It runs until Close.
+func (c *Client) maintain() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.tick.C:
+		}
+		ctx := c.ctx
+		now := c.clock.Now()
+		for _, s := range c.servers {
+			cn := s.live()
+			if cn == nil {
+				s.mu.Lock()
+				due := now.Sub(s.lastTry) >= c.cfg.RetryInterval
+				s.mu.Unlock()
+				if due {
+					if cn, err := c.connect(ctx, s); err == nil {
+						cn.unref()
+					}
+				}
+				continue
+			}
+			idle := time.Duration(now.UnixNano() - cn.lastTx.Load())
+			if idle >= cn.boot.IdleTimeout/3 {
+				_, _ = cn.call(ctx, message{kind: kindPing})
+			}
+			cn.unref()
+		}
+	}
+}
+
+// each runs f on live connections in order of preference until f
+// reports done. If every live connection failed (or none was live), it
+// connects to each server again (a restarted server, say) and tries
+// those. It returns f's last error, or ErrUnreachable.
+func (c *Client) each(ctx context.Context, f func(cn *conn) (done bool, err error)) error {
+	if c.closed() {
+		return ErrClosed
+	}
+	var last error
+	tried := 0
+	for pass := range 2 {
+		var cns []*conn
+		if pass == 0 {
+			cns = c.liveConns()
+		} else {
+			var err error
+			if cns, err = c.connectAll(ctx); len(cns) == 0 {
+				last = err
+			}
+		}
+		failed := false
+		for i, cn := range cns {
+			if tried > 0 {
+				c.st.failovers.Add(1)
+			}
+			tried++
+			done, err := f(cn)
+			if done {
+				for _, cn := range cns[i:] {
+					cn.unref()
+				}
+				if err == nil {
+					c.pref.Store(int32(c.index(cn)))
+				}
+				return err
+			}
+			cn.unref()
+			if err != nil {
+				failed = true
+				last = err
+				if ctx.Err() != nil {
+					for _, cn := range cns[i+1:] {
+						cn.unref()
+					}
+					return ctx.Err()
+				}
+			}
+		}
+		if len(cns) > 0 && !failed {
+			break // every server answered; none had it
+		}
+	}
+	if last == nil {
+		last = ErrUnreachable
+	}
+	return last
+}
+
+// connectAll connects to every server that is down, all at once, and
+// returns the live connections (with references) once every attempt
+// ended, with the last connection error.
+func (c *Client) connectAll(ctx context.Context) ([]*conn, error) {
+	type result struct {
+		cn  *conn
+		err error
+	}
+	res := make([]result, len(c.servers))
+	var wg sync.WaitGroup
+	for i, s := range c.servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i].cn, res[i].err = c.connect(ctx, s)
+		}()
+	}
+	wg.Wait()
+	var out []*conn
+	var last error
+	for _, r := range res {
+		if r.err != nil {
+			last = r.err
+		} else {
+			out = append(out, r.cn)
+		}
+	}
+	return out, last
+}
+
+// liveConns returns the live connections in order of preference, with
+// references.
+func (c *Client) liveConns() []*conn {
+	var out []*conn
+	p := int(c.pref.Load())
+	for i := range c.servers {
+		if cn := c.servers[(p+i)%len(c.servers)].live(); cn != nil {
+			out = append(out, cn)
+		}
+	}
+	return out
+}
+
+func (c *Client) index(cn *conn) int {
+	for i, s := range c.servers {
+		if s.addr == cn.addr {
+			return i
+		}
+	}
+	return 0
+}
+
+// Lookup returns gid's node: from the DCCache if there, otherwise with one
+// READ of the table (or, with UseRPC, one RPC) at the first live server,
+// going on to the others if a server fails or does not know gid.
+func (c *Client) Lookup(ctx context.Context, gid uint32) (NodeInfo, error) {
+	c.st.lookups.Add(1)
+	if c.cache != nil {
+		if n, ok := c.cache.Get(gid); ok {
+			return n, nil
+		}
+	}
+	c.st.misses.Add(1)
+	return c.fetch(ctx, gid)
+}
+
+// fetch reads gid from a server and caches it.
+func (c *Client) fetch(ctx context.Context, gid uint32) (NodeInfo, error) {
+	if gid == 0 {
+		return NodeInfo{}, fmt.Errorf("%w: gid 0", ErrNotFound)
+	}
+	epoch := c.inval.Load()
+	if !c.cfg.UseRPC {
+		// The common case first: the preferred server answers.
+		if cn := c.servers[c.pref.Load()].live(); cn != nil {
+			n, found, err := cn.lookup(ctx, gid)
+			cn.unref()
+			if err == nil && found {
+				c.store(n, epoch)
+				return n, nil
+			}
+			if err != nil {
+				c.st.failovers.Add(1) // the others are tried below
+			}
+		}
+	}
+	var n NodeInfo
+	notFound := false
+	err := c.each(ctx, func(cn *conn) (bool, error) {
+		var found bool
+		var err error
+		if c.cfg.UseRPC {
+			n, found, err = cn.lookupRPC(ctx, gid)
+		} else {
+			n, found, err = cn.lookup(ctx, gid)
+		}
+		if err != nil {
+			return false, err
+		}
+		if !found {
+			notFound = true
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		if notFound && ctx.Err() == nil {
+			return NodeInfo{}, fmt.Errorf("%w: gid %d", ErrNotFound, gid)
+		}
+		return NodeInfo{}, fmt.Errorf("meta: lookup %d: %w", gid, err)
+	}
+	c.store(n, epoch)
+	return n, nil
+}
+
+func (c *Client) store(n NodeInfo, epoch uint64) {
+	if c.cache != nil && c.inval.Load() == epoch {
+		c.cache.SetWithTTL(n.GID, n, 1, c.cfg.CacheTTL)
+	}
+}
+
+// LookupRPC asks a server for gid by RPC, bypassing the cache and the
+// table: the baseline the one-sided path is measured against.
+func (c *Client) LookupRPC(ctx context.Context, gid uint32) (NodeInfo, error) {
+	var n NodeInfo
+	notFound := false
+	err := c.each(ctx, func(cn *conn) (bool, error) {
+		var found bool
+		var err error
+		n, found, err = cn.lookupRPC(ctx, gid)
+		if err != nil {
+			return false, err
+		}
+		notFound = notFound || !found
+		return found, nil
+	})
+	if err != nil {
+		if notFound && ctx.Err() == nil {
+			return NodeInfo{}, fmt.Errorf("%w: gid %d", ErrNotFound, gid)
+		}
+		return NodeInfo{}, fmt.Errorf("meta: lookup %d by RPC: %w", gid, err)
+	}
+	return n, nil
+}
+
+func (cn *conn) lookupRPC(ctx context.Context, gid uint32) (NodeInfo, bool, error) {
+	rep, err := cn.call(ctx, message{kind: kindLookup, node: NodeInfo{GID: gid}})
+	if err != nil {
+		return NodeInfo{}, false, err
+	}
+	switch rep.status {
+	case stOK:
+		return rep.node, true, nil
+	case stNotFound:
+		return NodeInfo{}, false, nil
+	}
+	return NodeInfo{}, false, rep.status.err()
+}
+
+// LookupMany looks up several gids: cached ones from the DCCache; if the
+// misses would take more READs than the table is worth, it READs the
+// whole table once, otherwise one neighbourhood per miss. Gids that no
+// server knows are absent from the result.
+func (c *Client) LookupMany(ctx context.Context, gids []uint32) (map[uint32]NodeInfo, error) {
+	out := make(map[uint32]NodeInfo, len(gids))
+	var miss []uint32
+	for _, g := range gids {
+		c.st.lookups.Add(1)
+		if c.cache != nil {
+			if n, ok := c.cache.Get(g); ok {
+				out[g] = n
+				continue
+			}
+		}
+		c.st.misses.Add(1)
+		miss = append(miss, g)
+	}
+	if len(miss) == 0 {
+		return out, nil
+	}
+	if c.cfg.UseRPC || !c.tableCheaper(len(miss)) {
+		for _, g := range miss {
+			n, err := c.fetch(ctx, g)
+			switch {
+			case err == nil:
+				out[g] = n
+			case !errors.Is(err, ErrNotFound):
+				return out, err
+			}
+		}
+		return out, nil
+	}
+	all, err := c.list(ctx)
+	if err != nil {
+		return out, err
+	}
+	want := make(map[uint32]bool, len(miss))
+	for _, g := range miss {
+		want[g] = true
+	}
+	for _, n := range all {
+		if want[n.GID] {
+			out[n.GID] = n
+		}
+	}
+	return out, nil
+}
+
+// tableCheaper reports whether one READ of the whole table moves fewer
+// bytes than k neighbourhood READs.
+func (c *Client) tableCheaper(k int) bool {
+	cn := c.anyLive()
+	if cn == nil {
+		return false
+	}
+	defer cn.unref()
+	return k*cn.geom.nbhdBytes() >= int(cn.boot.TableLen)
+}
+
+func (c *Client) anyLive() *conn {
+	for _, s := range c.servers {
+		if cn := s.live(); cn != nil {
+			return cn
+		}
+	}
+	return nil
+}
+
+// List returns every registered node, sorted by gid, from one READ of a
+// server's whole table (several READs in one doorbell for tables larger
+// than ListChunk), and caches them all: the full-mesh bootstrap. Slots
+// the READ caught in the middle of a write are read again one by one.
+func (c *Client) List(ctx context.Context) ([]NodeInfo, error) {
+	return c.list(ctx)
+}
+
+func (c *Client) list(ctx context.Context) ([]NodeInfo, error) {
+	epoch := c.inval.Load()
+	var all []NodeInfo
+	err := c.each(ctx, func(cn *conn) (bool, error) {
+		var err error
+		all, err = cn.readTable(ctx)
+		return err == nil, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meta: list: %w", err)
+	}
+	for _, n := range all {
+		c.store(n, epoch)
+	}
+	return all, nil
+}
+
+// Invalidate drops gid from the DCCache.
+func (c *Client) Invalidate(gid uint32) {
+	c.inval.Add(1)
+	c.st.inval.Add(1)
+	if c.cache != nil {
+		c.cache.Del(gid)
+	}
+}
+
+// Stale is the data path's hook: failed is the metadata a work request
+// just failed with, with a reason for which StaleReason is true (a DC key
+// NAK or an unknown DCT: the peer restarted). Stale drops the cached
+// entry and reads the table again. It returns the node's current entry if
+// it differs from failed, ErrStale if the table still holds failed (the
+// peer has not registered again yet; nothing is cached then), or
+// ErrNotFound if the node is gone.
+func (c *Client) Stale(ctx context.Context, failed NodeInfo) (NodeInfo, error) {
+	c.Invalidate(failed.GID)
+	n, err := c.fetch(ctx, failed.GID)
+	if err != nil {
+		return n, err
+	}
+	if n == failed {
+		c.Invalidate(failed.GID)
+		return n, fmt.Errorf("%w: gid %d incarnation %#x", ErrStale, n.GID, n.Incarnation)
+	}
+	return n, nil
+}
+
+// StaleReason reports whether a work completion's reason means the
+// peer's DC metadata is stale: its DCT rejected the DC key, or the DCT
+// number no longer exists. Both happen when the peer restarted.
+func StaleReason(r verbs.Reason) bool {
+	return r == verbs.ReasonDCKey || r == verbs.ReasonNoQP
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() ClientStats {
+	return ClientStats{
+		Lookups:      c.st.lookups.Load(),
+		CacheMisses:  c.st.misses.Load(),
+		Reads:        c.st.reads.Load(),
+		TornReads:    c.st.tornReads.Load(),
+		RPCs:         c.st.rpcs.Load(),
+		StrayReplies: c.st.strayReplies.Load(),
+		Failovers:    c.st.failovers.Load(),
+		Connects:     c.st.connects.Load(),
+		Invalidated:  c.st.inval.Load(),
+	}
+}
+
+// ServerStatus describes one configured server as the client sees it.
+type ServerStatus struct {
+	Addr      netip.AddrPort
+	Up        bool
+	Bootstrap Bootstrap // of the current connection, when up
+	LastErr   error     // of the last failed connection attempt
+}
+
+// Servers reports the state of each configured server.
+func (c *Client) Servers() []ServerStatus {
+	out := make([]ServerStatus, len(c.servers))
+	for i, s := range c.servers {
+		out[i].Addr = s.addr
+		if cn := s.live(); cn != nil {
+			out[i].Up, out[i].Bootstrap = true, cn.boot
+			cn.unref()
+		}
+		s.mu.Lock()
+		out[i].LastErr = s.lastErr
+		s.mu.Unlock()
+	}
+	return out
+}
+
+func sortNodes(ns []NodeInfo) {
+	sort.Slice(ns, func(i, j int) bool { return ns[i].GID < ns[j].GID })
+}

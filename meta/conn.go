@@ -1,0 +1,662 @@
+package meta
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/krfs/krfs/verbs"
+)
+
+// conn is a client's RC connection to one meta server: the QP that READs
+// the table and carries messages, its CQ, and a registered buffer with a
+// landing area per operation slot and the receive buffers.
+//
+// Operations. A caller takes an op slot (acquire), arms it, posts one or
+// more WRs whose IDs name the slot and the op's sequence number, and
+// waits. Whoever waits polls the CQ under pollMu and dispatches every
+// completion to its slot, so a lone caller wakes for its own completion
+// without a goroutine handoff, and concurrent callers share the polling.
+// A completion or reply whose sequence number is not the slot's current
+// one is stale and ignored.
+//
+// Failure. Any error completion kills the connection: the QP moves to
+// ERR, every outstanding WR completes flushed, waiting callers get an
+// error, and the client connects again. A caller whose context ends
+// abandons its op; a READ slot returns to the pool only when its READ
+// completes (until then the NIC may still write its landing area).
+//
+// Lifetime. users counts the server record's reference and each op in
+// progress; the verbs resources are released when the connection is dead
+// and unused.
+type conn struct {
+	cl   *Client
+	addr netip.AddrPort
+	boot Bootstrap
+	geom tableGeom
+	gen  uint64 // which connection to its server this is (1, 2, ...)
+
+	qp       verbs.QP
+	cq       verbs.CQ
+	mem      []byte
+	mr       verbs.MR
+	slotSize int // landing area per op slot
+	recvOff  int // offset of the receive buffers in mem
+	nrecv    int
+
+	ops  []op
+	free chan int // free op slots
+
+	// pollMu guards polling the CQ and everything dispatch touches: the
+	// ops' state (but not their done channels' receive side), wcs,
+	// reposts.
+	pollMu  sync.Mutex
+	wcs     []verbs.WC
+	reposts []verbs.RecvWR
+
+	// mu guards users, dead and released.
+	mu       sync.Mutex
+	users    int
+	dead     bool
+	released bool
+	deadCh   chan struct{} // closed when dead
+
+	lastTx atomic.Int64 // clock time (unix ns) of the last message sent
+
+	// listMu guards listMem and listMR, the landing area of List.
+	listMu  sync.Mutex
+	listMem []byte
+	listMR  verbs.MR
+}
+
+type opKind uint8
+
+const (
+	opIdle opKind = iota
+	opRead
+	opRPC
+)
+
+// op is one operation slot. Guarded by the conn's pollMu, except done,
+// which the owner receives from.
+type op struct {
+	kind      opKind
+	seq       uint32
+	finished  bool
+	abandoned bool
+	wc        verbs.WC
+	reply     message
+	err       error
+	done      chan struct{} // capacity 1: a finished op's wake-up
+}
+
+// WR and request IDs. A send WR's ID is slot | seq<<16; a receive WR's
+// is recvBit | buffer. A request ID is slot | (seq mod 2^22)<<10.
+const (
+	recvBit  = 1 << 63
+	maxSlots = 1 << 10
+	reqSeqs  = 1 << 22
+)
+
+func wrID(slot int, seq uint32) uint64 { return uint64(slot) | uint64(seq)<<16 }
+func reqID(slot int, seq uint32) uint32 {
+	return uint32(slot) | (seq%reqSeqs)<<10
+}
+
+// dial connects to the meta server at addr and returns a live conn with
+// the caller's reference (users 1).
+func (c *Client) dial(ctx context.Context, addr netip.AddrPort, gen uint64) (*conn, error) {
+	cfg := &c.cfg
+	cq, err := c.dev.CreateCQ(2*cfg.Depth + 2*(cfg.Depth+16) + 64)
+	if err != nil {
+		return nil, err
+	}
+	qp, err := c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq,
+		Caps: verbs.QPCaps{MaxSendWR: 2*cfg.Depth + 8, MaxRecvWR: cfg.Depth + 16, MaxInline: MaxMessage}})
+	if err != nil {
+		cq.Destroy()
+		return nil, err
+	}
+	fail := func(err error) (*conn, error) {
+		qp.Destroy()
+		cq.Destroy()
+		return nil, err
+	}
+	priv, err := c.dev.ConnectRC(ctx, qp, addr, cfg.Service, verbs.ConnParams{
+		Timeout: cfg.QPTimeout, RetryCnt: cfg.QPRetryCnt, Private: bootRequest()})
+	if err != nil {
+		return fail(err)
+	}
+	boot, err := parseBootstrap(priv)
+	if err != nil {
+		return fail(err)
+	}
+	g, _ := boot.geom()
+	cn := &conn{cl: c, addr: addr, boot: boot, geom: g, gen: gen, qp: qp, cq: cq,
+		slotSize: g.nbhdBytes(), nrecv: cfg.Depth + 16, users: 1, deadCh: make(chan struct{})}
+	cn.recvOff = cfg.Depth * cn.slotSize
+	cn.mem = make([]byte, cn.recvOff+cn.nrecv*MaxMessage)
+	if cn.mr, err = c.pd.RegMR(cn.mem, verbs.AccessLocalWrite); err != nil {
+		return fail(err)
+	}
+	cn.ops = make([]op, cfg.Depth)
+	cn.free = make(chan int, cfg.Depth)
+	for i := range cn.ops {
+		cn.ops[i].done = make(chan struct{}, 1)
+		cn.free <- i
+	}
+	wrs := make([]verbs.RecvWR, cn.nrecv)
+	for i := range wrs {
+		wrs[i] = cn.recvWR(i)
+	}
+	if err := qp.PostRecv(wrs); err != nil {
+		cn.mr.Dereg()
+		return fail(err)
+	}
+	cn.wcs = make([]verbs.WC, 64)
+	cn.lastTx.Store(c.clock.Now().UnixNano())
+	return cn, nil
+}
+
+func (cn *conn) recvWR(i int) verbs.RecvWR {
+	return verbs.RecvWR{ID: recvBit | uint64(i),
+		Local: verbs.SGE{MR: cn.mr, Offset: uint64(cn.recvOff + i*MaxMessage), Length: MaxMessage}}
+}
+
+// ref takes a reference for an operation; false if the conn is dead.
+func (cn *conn) ref() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.dead {
+		return false
+	}
+	cn.users++
+	return true
+}
+
+// unref drops a reference, releasing the resources of a dead conn when
+// it was the last.
+func (cn *conn) unref() {
+	cn.mu.Lock()
+	cn.users--
+	rel := cn.dead && cn.users == 0 && !cn.released
+	if rel {
+		cn.released = true
+	}
+	cn.mu.Unlock()
+	if rel {
+		cn.qp.Destroy()
+		cn.mr.Dereg()
+		cn.listMu.Lock()
+		if cn.listMR != nil {
+			cn.listMR.Dereg()
+		}
+		cn.listMu.Unlock()
+		cn.cq.Destroy()
+	}
+}
+
+func (cn *conn) isDead() bool {
+	select {
+	case <-cn.deadCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill marks the conn dead and moves its QP to ERR, which flushes every
+// outstanding WR.
+func (cn *conn) kill() {
+	cn.mu.Lock()
+	if cn.dead {
+		cn.mu.Unlock()
+		return
+	}
+	cn.dead = true
+	cn.mu.Unlock()
+	// ERR first, so that once deadCh is closed the NIC no longer writes
+	// any landing area.
+	_ = cn.qp.Modify(verbs.QPAttr{State: verbs.StateErr})
+	close(cn.deadCh)
+}
+
+// acquire takes an op slot and arms it as kind. The caller holds a
+// reference.
+func (cn *conn) acquire(ctx context.Context, kind opKind) (int, uint32, error) {
+	var slot int
+	if cn.isDead() {
+		return 0, 0, cn.deadErr()
+	}
+	select {
+	case slot = <-cn.free:
+	default:
+		select {
+		case slot = <-cn.free:
+		case <-cn.deadCh:
+			return 0, 0, cn.deadErr()
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		}
+	}
+	cn.pollMu.Lock()
+	o := &cn.ops[slot]
+	o.seq++
+	o.kind, o.finished, o.abandoned, o.err = kind, false, false, nil
+	o.wc, o.reply = verbs.WC{}, message{}
+	seq := o.seq
+	cn.pollMu.Unlock()
+	return slot, seq, nil
+}
+
+// finish returns a slot whose op completed.
+func (cn *conn) finish(slot int) {
+	cn.pollMu.Lock()
+	o := &cn.ops[slot]
+	o.kind = opIdle
+	cn.pollMu.Unlock()
+	select {
+	case <-o.done:
+	default:
+	}
+	cn.free <- slot
+}
+
+func (cn *conn) deadErr() error {
+	return fmt.Errorf("%w: connection to %v failed", ErrUnreachable, cn.addr)
+}
+
+// wait waits until the op in slot finishes, polling the CQ meanwhile. On
+// a timeout or a cancelled ctx it abandons the op and returns the error;
+// the slot is then no longer the caller's.
+func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan time.Time) (abandoned bool, err error) {
+	o := &cn.ops[slot]
+	for {
+		cn.pollMu.Lock()
+		cn.pollLocked()
+		if o.finished {
+			select {
+			case <-o.done:
+			default:
+			}
+			cn.pollMu.Unlock()
+			return false, o.err
+		}
+		cn.pollMu.Unlock()
+		select {
+		case <-o.done:
+			// Finished: the next round sees it under pollMu.
+		case <-cn.cq.Notify():
+		case <-cn.deadCh:
+			// Flushed completions may still be on their way; give up
+			// unless they are already here.
+			cn.pollMu.Lock()
+			cn.pollLocked()
+			fin := o.finished
+			cn.pollMu.Unlock()
+			if !fin {
+				return cn.abandon(slot, seq), cn.deadErr()
+			}
+		case <-timeout:
+			return cn.abandon(slot, seq), fmt.Errorf("%w: %v did not answer in time", ErrUnreachable, cn.addr)
+		case <-ctx.Done():
+			return cn.abandon(slot, seq), ctx.Err()
+		}
+	}
+}
+
+// abandon gives up the op in slot. An RPC's slot is free at once (a late
+// reply no longer matches its sequence number); a READ's slot waits for
+// the READ's completion. It reports false if the op had finished after
+// all (the caller still owns the slot then).
+func (cn *conn) abandon(slot int, seq uint32) bool {
+	cn.pollMu.Lock()
+	o := &cn.ops[slot]
+	if o.finished || o.seq != seq {
+		cn.pollMu.Unlock()
+		return false
+	}
+	if o.kind == opRead && !cn.isDead() {
+		o.abandoned = true
+		cn.pollMu.Unlock()
+		return true
+	}
+	o.seq++ // anything late is stale now
+	o.kind = opIdle
+	cn.pollMu.Unlock()
+	select {
+	case <-o.done:
+	default:
+	}
+	cn.free <- slot
+	return true
+}
+
+// pollLocked moves completions from the CQ to their ops. pollMu held.
+func (cn *conn) pollLocked() {
+	for {
+		n := cn.cq.Poll(cn.wcs)
+		for i := range cn.wcs[:n] {
+			cn.dispatchLocked(&cn.wcs[i])
+		}
+		if n < len(cn.wcs) {
+			break
+		}
+	}
+	if len(cn.reposts) > 0 && !cn.isDead() {
+		if err := cn.qp.PostRecv(cn.reposts); err != nil {
+			cn.kill()
+		}
+	}
+	cn.reposts = cn.reposts[:0]
+}
+
+func (cn *conn) dispatchLocked(wc *verbs.WC) {
+	if wc.ID&recvBit != 0 {
+		if wc.Status != verbs.StatusSuccess {
+			cn.kill()
+			return
+		}
+		buf := int(wc.ID &^ recvBit)
+		off := cn.recvOff + buf*MaxMessage
+		m, err := parseMessage(cn.mem[off : off+int(min(wc.ByteLen, MaxMessage))])
+		cn.reposts = append(cn.reposts, cn.recvWR(buf))
+		if err != nil || m.kind&replyBit == 0 {
+			cn.cl.st.strayReplies.Add(1)
+			return
+		}
+		slot := int(m.reqID % maxSlots)
+		if slot >= len(cn.ops) {
+			cn.cl.st.strayReplies.Add(1)
+			return
+		}
+		o := &cn.ops[slot]
+		if o.kind != opRPC || o.finished || reqID(slot, o.seq) != m.reqID {
+			cn.cl.st.strayReplies.Add(1)
+			return
+		}
+		o.reply = m
+		cn.finishLocked(o)
+		return
+	}
+	if wc.Status != verbs.StatusSuccess {
+		cn.kill()
+	}
+	slot := int(wc.ID & 0xffff)
+	if slot >= len(cn.ops) {
+		return
+	}
+	o := &cn.ops[slot]
+	if o.seq != uint32(wc.ID>>16) || o.finished || o.kind == opIdle {
+		return
+	}
+	if o.abandoned {
+		o.kind, o.abandoned = opIdle, false
+		o.seq++
+		cn.free <- slot // never blocks: the slot was taken from it
+		return
+	}
+	if wc.Status != verbs.StatusSuccess {
+		o.err = fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, wc.Err())
+		o.wc = *wc
+		cn.finishLocked(o)
+		return
+	}
+	if o.kind == opRead {
+		o.wc = *wc
+		cn.finishLocked(o)
+	}
+}
+
+func (cn *conn) finishLocked(o *op) {
+	o.finished = true
+	select {
+	case o.done <- struct{}{}:
+	default:
+	}
+}
+
+// read READs n bytes of the table at off into slot's landing area and
+// returns them. The caller holds a reference and the slot (armed opRead).
+func (cn *conn) read(ctx context.Context, slot int, seq uint32, off uint64, n int) ([]byte, bool, error) {
+	lo := uint64(slot * cn.slotSize)
+	wr := verbs.SendWR{ID: wrID(slot, seq), Op: verbs.OpRead, Flags: verbs.Signaled,
+		Local: verbs.SGE{MR: cn.mr, Offset: lo, Length: uint32(n)}, RemoteAddr: off, RKey: cn.boot.TableRKey}
+	if err := cn.qp.PostSend([]verbs.SendWR{wr}); err != nil {
+		cn.kill()
+		return nil, cn.abandon(slot, seq), fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
+	}
+	abandoned, err := cn.wait(ctx, slot, seq, nil)
+	if err != nil {
+		return nil, abandoned, err
+	}
+	cn.cl.st.reads.Add(1)
+	return cn.mem[lo : lo+uint64(n)], false, nil
+}
+
+// rearm starts a new op in a slot the caller still owns.
+func (cn *conn) rearm(slot int, kind opKind) uint32 {
+	cn.pollMu.Lock()
+	o := &cn.ops[slot]
+	o.seq++
+	o.kind, o.finished, o.abandoned, o.err = kind, false, false, nil
+	o.wc, o.reply = verbs.WC{}, message{}
+	seq := o.seq
+	cn.pollMu.Unlock()
+	return seq
+}
+
+// lookup finds gid with one READ of its neighbourhood, again while the
+// READ shows a write in progress where the entry could be. Like every
+// operation on a conn, the caller holds a reference.
+func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) {
+	slot, seq, err := cn.acquire(ctx, opRead)
+	if err != nil {
+		return NodeInfo{}, false, err
+	}
+	home := cn.geom.home(gid)
+	for try := 0; ; try++ {
+		if try > 0 {
+			seq = cn.rearm(slot, opRead)
+		}
+		b, abandoned, err := cn.read(ctx, slot, seq, slotOffset(home), cn.geom.nbhdBytes())
+		if err != nil {
+			if !abandoned {
+				cn.finish(slot)
+			}
+			return NodeInfo{}, false, err
+		}
+		n, found, torn := scanNeighbourhood(b, gid)
+		if !torn {
+			cn.finish(slot)
+			return n, found, nil
+		}
+		cn.cl.st.tornReads.Add(1)
+		if try >= maxTornRetries {
+			cn.finish(slot)
+			return NodeInfo{}, false, fmt.Errorf("meta: gid %d: entry kept changing over %d READs", gid, try+1)
+		}
+		backoff(try)
+	}
+}
+
+// maxTornRetries bounds the READs of one lookup that keep finding writes
+// in progress.
+const maxTornRetries = 100
+
+// backoff waits a little before reading a changing entry again.
+func backoff(try int) {
+	if try < 4 {
+		return
+	}
+	time.Sleep(time.Duration(min(try, 20)) * 10 * time.Microsecond)
+}
+
+// scanNeighbourhood looks for gid in a READ neighbourhood. An entry on the
+// move may appear twice; the copy in the higher slot is the current one
+// (moves go to higher slots and the source is never updated again). The
+// answer holds only if no slot above the match (or none at all, without a
+// match) is torn; otherwise torn is set and the caller reads again.
+func scanNeighbourhood(b []byte, gid uint32) (n NodeInfo, found, torn bool) {
+	for off := 0; off+EntrySize <= len(b); off += EntrySize {
+		slot := b[off : off+EntrySize]
+		head := binary.LittleEndian.Uint32(slot[offHead:])
+		if head != binary.LittleEndian.Uint32(slot[offTail:]) || head&1 != 0 || slot[offState] > stateLive {
+			torn = true
+			continue
+		}
+		if slot[offState] != stateLive || binary.LittleEndian.Uint32(slot[offGID:]) != gid {
+			continue
+		}
+		e, _ := decodeEntry(slot)
+		n, found, torn = e.node, true, false
+	}
+	return n, found, torn
+}
+
+// call sends request m and waits for its reply (at most the client's
+// RPC timeout).
+func (cn *conn) call(ctx context.Context, m message) (message, error) {
+	slot, seq, err := cn.acquire(ctx, opRPC)
+	if err != nil {
+		return message{}, err
+	}
+	m.reqID = reqID(slot, seq)
+	var buf [MaxMessage]byte
+	wr := verbs.SendWR{ID: wrID(slot, seq), Op: verbs.OpSend, Flags: verbs.Inline, InlineData: m.append(buf[:0])}
+	cn.lastTx.Store(cn.cl.clock.Now().UnixNano())
+	if err := cn.qp.PostSend([]verbs.SendWR{wr}); err != nil {
+		cn.kill()
+		cn.abandon(slot, seq)
+		return message{}, fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
+	}
+	if m.kind == kindBye {
+		cn.abandon(slot, seq)
+		return message{}, nil
+	}
+	t := time.NewTimer(cn.cl.cfg.RPCTimeout)
+	abandoned, err := cn.wait(ctx, slot, seq, t.C)
+	t.Stop()
+	if err != nil {
+		if !abandoned {
+			cn.finish(slot)
+		}
+		return message{}, err
+	}
+	cn.pollMu.Lock()
+	rep := cn.ops[slot].reply
+	cn.pollMu.Unlock()
+	cn.finish(slot)
+	cn.cl.st.rpcs.Add(1)
+	if rep.kind != m.kind|replyBit {
+		return rep, fmt.Errorf("meta: %v answered with %v", m.kind, rep.kind)
+	}
+	return rep, nil
+}
+
+// listChunk is ListChunk; tests make it smaller.
+var listChunk = ListChunk
+
+// readTable READs the whole table in chunks of at most ListChunk bytes,
+// posted with one doorbell, and decodes it; torn slots are read again one
+// by one.
+func (cn *conn) readTable(ctx context.Context) ([]NodeInfo, error) {
+	cn.listMu.Lock()
+	defer cn.listMu.Unlock()
+	n := int(cn.boot.TableLen)
+	if cn.listMR == nil {
+		cn.listMem = make([]byte, n)
+		mr, err := cn.cl.pd.RegMR(cn.listMem, verbs.AccessLocalWrite)
+		if err != nil {
+			return nil, err
+		}
+		cn.listMR = mr
+	}
+	slot, seq, err := cn.acquire(ctx, opRead)
+	if err != nil {
+		return nil, err
+	}
+	var wrs []verbs.SendWR
+	for off := 0; off < n; off += listChunk {
+		l := min(listChunk, n-off)
+		wrs = append(wrs, verbs.SendWR{ID: wrID(slot, seq), Op: verbs.OpRead,
+			Local: verbs.SGE{MR: cn.listMR, Offset: uint64(off), Length: uint32(l)}, RemoteAddr: uint64(off), RKey: cn.boot.TableRKey})
+	}
+	wrs[len(wrs)-1].Flags = verbs.Signaled
+	if err := cn.qp.PostSend(wrs); err != nil {
+		cn.kill()
+		cn.abandon(slot, seq)
+		return nil, fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
+	}
+	abandoned, err := cn.wait(ctx, slot, seq, nil)
+	if err != nil {
+		if abandoned {
+			// The READ may still land in listMem: use new memory next time.
+			cn.listMR.Dereg()
+			cn.listMR, cn.listMem = nil, nil
+		} else {
+			cn.finish(slot)
+		}
+		return nil, err
+	}
+	cn.cl.st.reads.Add(uint64(len(wrs)))
+	cn.finish(slot)
+	var out []NodeInfo
+	for i := range cn.geom.physSlots() {
+		b := cn.listMem[slotOffset(i):][:EntrySize]
+		e, ok := decodeEntry(b)
+		for try := 0; !ok; try++ {
+			cn.cl.st.tornReads.Add(1)
+			if try >= maxTornRetries {
+				return nil, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
+			}
+			backoff(try)
+			if e, ok, err = cn.readSlot(ctx, i); err != nil {
+				return nil, err
+			}
+		}
+		if e.live {
+			out = append(out, e.node)
+		}
+	}
+	return dedupe(out), nil
+}
+
+// readSlot READs one slot.
+func (cn *conn) readSlot(ctx context.Context, i int) (entry, bool, error) {
+	slot, seq, err := cn.acquire(ctx, opRead)
+	if err != nil {
+		return entry{}, false, err
+	}
+	b, abandoned, err := cn.read(ctx, slot, seq, slotOffset(i), EntrySize)
+	if err != nil {
+		if !abandoned {
+			cn.finish(slot)
+		}
+		return entry{}, false, err
+	}
+	e, ok := decodeEntry(b)
+	cn.finish(slot)
+	return e, ok, nil
+}
+
+// dedupe keeps, for a gid seen twice (an entry on the move), the copy in
+// the higher slot, which came later in out; it returns out sorted by gid.
+func dedupe(out []NodeInfo) []NodeInfo {
+	last := make(map[uint32]int, len(out))
+	for i, n := range out {
+		last[n.GID] = i
+	}
+	res := out[:0]
+	for i, n := range out {
+		if last[n.GID] == i {
+			res = append(res, n)
+		}
+	}
+	sortNodes(res)
+	return res
+}

@@ -1,0 +1,192 @@
+// Package meta is krfs's meta service: it tells a node how to reach any
+// other node with no handshake. Every node registers its DC metadata
+// (device address, DCT number, DC key) and the rkey and length of its
+// region directory; a peer resolves a node by gid with one one-sided RDMA
+// READ of the meta server's node table, and caches the answer in a
+// DCCache. This is KRCORE's meta server (USENIX ATC '22, section 4.1),
+// with the parts its artifact lacks: leases, versioned entries, a hash
+// table that one READ covers, cache invalidation, replicas.
+//
+// # Using it
+//
+// Standalone (`krfs meta`), the daemon opens a device and serves until
+// told to stop:
+//
+//	dev, _ := softnic.OpenUDP("10.0.0.1:4791")
+//	err := meta.Serve(ctx, dev, meta.ServerConfig{})
+//
+// Embedded (the single-node default of `krfs mount`), NewServer runs the
+// server on the node's own device, next to everything else on it:
+//
+//	srv, _ := meta.NewServer(dev, meta.ServerConfig{})
+//	defer srv.Close()
+//
+// (meta imports only the verbs interface, so opening the device is the
+// caller's part.) A node makes one Client of one or more meta servers,
+// registers itself through an Agent, and resolves peers through the
+// Client:
+//
+//	cl, _ := meta.NewClient(ctx, dev, meta.ClientConfig{Servers: addrs})
+//	defer cl.Close()
+//	ag, _ := cl.Register(ctx, meta.NodeInfo{GID: 7, Addr: dev.Addr(),
+//		DCTN: dct.QPN(), DCKey: key, DirRKey: dir.RKey(), DirLen: n}, meta.AgentConfig{})
+//	defer ag.Close() // deregisters
+//	peer, err := cl.Lookup(ctx, 12) // DCCache, else one READ
+//
+// When a work request to a peer fails with a reason for which StaleReason
+// is true (the DCT rejected the DC key, or the DCT is gone: the peer
+// restarted), the data path calls Stale with the NodeInfo it used; Stale
+// drops the cached entry, reads the table again and returns the peer's
+// new metadata, or ErrStale while the table still holds the old one.
+//
+// # The node table
+//
+// The table is one memory region of the server, registered for remote
+// READ only: a 64-byte header, then slots of 64 bytes (EntrySize, a cache
+// line). layout.go has the byte layout. A gid's home slot is Fibonacci
+// hashing of the gid; the entry lies in one of the H slots starting at
+// its home (hopscotch hashing, neighbourhood H = 16 by default), and the
+// table has H-1 slots of padding at its end so a neighbourhood never
+// wraps. A lookup is therefore exactly one READ of H*64 bytes (1 KiB) at
+// a place the client computes; no server code runs. A miss is certain
+// when the READ shows no torn slot and no match.
+//
+// Why hopscotch: it bounds where an entry can be to one contiguous range
+// that a single READ covers, and keeps that range small while allowing a
+// high load, because an insertion that finds its free slot too far away
+// moves entries towards it (each move shifts an entry to a higher slot
+// within its own neighbourhood). A 2-choice table needs two READs (or
+// reads of two buckets) per lookup; a flat array scanned linearly, as in
+// the KRCORE artifact, needs more. Sizing: keep the load at or below 1/2
+// (the default is 32,768 home slots, 2 MiB, for up to 16,384 nodes): with
+// random gids and H = 16 insertions start failing around 0.7
+// (ErrTableFull); consecutive gids, which Fibonacci hashing spreads
+// evenly, fill the table completely.
+//
+// List (the full-mesh bootstrap) and LookupMany with many misses READ the
+// whole table: one READ up to ListChunk (16 MiB, so the default table is
+// one READ), otherwise several READs posted with one doorbell.
+//
+// # Versioned entries
+//
+// Each slot carries a 32-bit version at both ends (bytes 0 and 60). The
+// server writes a slot from version v (even) to v+2 with four RDMA WRITEs
+// that the NIC executes in order: head := v+1 (odd: write in progress),
+// tail := v+2, body, head := v+2. A reader accepts a slot only if head
+// equals tail and is even, and otherwise READs again. A READ lands in
+// address order (a READ response is served front to back, and a lost
+// packet is served again from that packet on, never earlier), so the
+// head is read before the body and the body before the tail. If the
+// reader saw any byte of the new body, it read the tail after the tail
+// became v+2, so it accepts only if it also read head v+2, which the
+// server writes after the whole body: the body it read is entirely new.
+// If it saw only old body bytes and read the tail before it changed, both
+// ends say v: entirely old. TestSeqlockInterleavings checks this against
+// random interleavings at byte granularity, and shows that the naive order
+// (body before tail) does accept torn slots.
+//
+// One field changes in place without a version change: the lease expiry
+// word (byte 56), renewed by every heartbeat with one aligned 4-byte
+// WRITE. It is advisory; readers never need it (the server clears expired
+// entries itself).
+//
+// Moves: a hopscotch move first writes the entry to its new, higher slot
+// and only later overwrites the old one (the next move's copy, or the new
+// entry). Since a READ serves lower slots no later than higher ones, a
+// lookup that misses the old copy (already overwritten) sees the new one;
+// if it sees both, the higher one is current.
+//
+// The server never stores into the table with the CPU: it posts the
+// WRITEs on a loopback RC QP connected to its own device. The NIC is then
+// the table's only writer, ordering table writes and READ responses as a
+// NIC does, which also keeps the Go race detector's view of the memory
+// correct (a CPU store racing the NIC's copy of a READ response would be
+// a data race in Go's memory model, whatever the versions say).
+//
+// # Bootstrap
+//
+// A client connects to a server's connection-manager service
+// (DefaultService) with an RC QP; the reply's private data is a Bootstrap
+// (bootstrap.go has the layout): table rkey and size, home slots and H,
+// the table epoch, the server's incarnation (new at every start), the
+// server DCT's number and key, the idle timeout and default lease. The
+// client READs the table and sends messages over that QP. The server's
+// DCT serves READs of the table too, so a node may READ it through any of
+// its DCIs with (server address, DCTN, DCKey). Client QPs get remote READ
+// access only, on a read-only MR: a client cannot write the table.
+//
+// # Messages
+//
+// Registration, heartbeats, deregistration, RPC lookups and pings are
+// two-sided: an inline SEND to the server, whose receive buffers are
+// shared by all clients through one SRQ, and an inline SEND back. The
+// format (msg.go) is strict: every accepted message has one encoding
+// (FuzzMessage checks parse/append round trips). Messages that do not
+// parse are counted (ServerStats.Malformed) and, when their header
+// allows, answered with a malformed status (ErrMalformed). One server
+// goroutine handles every message; replies that announce a table change
+// leave only once the table WRITEs completed, so a node that registered
+// can be looked up at once.
+//
+// The RPC lookup path (LookupRPC, or ClientConfig.UseRPC, like KRCORE's
+// meta-rpc build) answers from the server's in-memory registry through
+// that goroutine. It exists as the baseline of the one-sided path.
+//
+// # Leases
+//
+// A registration holds a lease (ServerConfig.Lease unless the node asks
+// for another, clamped to [MinLease, MaxLease]). The agent heartbeats
+// every third of it. A lease that runs out is removed at the next sweep
+// (every SweepInterval): its slot is cleared in the table, so a crashed
+// node's entry stops being readable; a heartbeat that arrives after the
+// expiry is refused too (ErrNotRegistered), so no late heartbeat revives
+// a dead lease. A gid held by a live lease of another incarnation is
+// refused with ErrGIDInUse; the same incarnation registering again is a
+// refresh. Clean shutdown (Agent.Close) deregisters at once. Each daemon
+// start makes a new Agent with a new random incarnation (or the node
+// chooses it), so peers holding the old one see a different entry. A gid
+// of 0 asks the server to assign one (from FirstAssignedGID up). Lease
+// time comes from an injected link.Clock (ServerConfig.Clock,
+// ClientConfig.Clock), so tests drive it by hand.
+//
+// # Meta server restart
+//
+// A restarted server has an empty table and a new incarnation. Nodes
+// notice when a heartbeat fails (their connection breaks: the old QP is
+// gone) and reconnect; the new bootstrap's server incarnation tells them
+// to register again, with the same gid and the same incarnation: the
+// incarnation names the node daemon's life, and the node did not
+// restart, so peers keep valid cached entries. Meanwhile peers go on
+// using their DCCache; lookups that miss fail until nodes re-register.
+//
+// # Replicas
+//
+// A Client may name several servers. There is no consensus: each node
+// writes only its own entry, to every server (an Agent runs one goroutine
+// per server, so a server that is down delays no other, and registers
+// with it when it comes back). Lookups go to the preferred live server
+// and fail over to the next one when a connection fails (a dead server is
+// noticed by the RC retry limit, QPTimeout*(QPRetryCnt+1)); a gid is
+// reported not found only when every reachable server says so. NewClient
+// returns as soon as one server answers, so a dead replica does not stop
+// a node from starting or connecting. An assigned gid comes from the
+// first server and is registered explicitly with the others.
+//
+// # DCCache
+//
+// Lookup answers from a ristretto cache bounded by cost (one per node,
+// ClientConfig.CacheEntries) with a TTL (CacheTTL, wall-clock time, as
+// ristretto keeps it). Invalidate drops one entry; a lookup that raced an
+// invalidation does not put what it read back into the cache.
+//
+// # Concurrency
+//
+// Server: one goroutine owns the registry and all posting; regMu lets
+// Nodes and Stats read the registry, connMu guards the connection map
+// (the connection manager's accept runs on the device's receive path).
+// Client: safe for concurrent use; per server connection, callers take an
+// operation slot and whoever waits polls the connection's CQ for everyone
+// (pollMu), so a single caller is woken by its own completion without a
+// goroutine handoff. Lock order: Server regMu, then connMu; Client
+// server.mu, then conn.mu; conn pollMu, then the QP's internal locks.
+package meta

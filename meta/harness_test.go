@@ -1,0 +1,164 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/krfs/krfs/internal/leaktest"
+	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/softnictest"
+)
+
+// fabric makes devices of one kind: on the in-memory fake network (real
+// time, optional faults) or on real UDP sockets on 127.0.0.1.
+type fabric struct {
+	t    testing.TB
+	kind string
+	net  *softnictest.Network
+}
+
+var fabricKinds = []string{"fake", "udp"}
+
+func newFabric(t testing.TB, kind string, cfg softnictest.Config) *fabric {
+	f := &fabric{t: t, kind: kind}
+	if kind == "fake" {
+		f.net = softnictest.NewNetwork(cfg)
+		t.Cleanup(func() { f.net.Close() })
+	}
+	return f
+}
+
+func fakeFabric(t testing.TB) *fabric { return newFabric(t, "fake", softnictest.Config{Seed: 1}) }
+
+// device opens a device; it is closed at cleanup (closing twice is fine).
+func (f *fabric) device() *softnic.Device {
+	f.t.Helper()
+	if f.net == nil {
+		d, err := softnic.OpenUDP("127.0.0.1:0")
+		if err != nil {
+			f.t.Fatalf("OpenUDP: %v", err)
+		}
+		f.t.Cleanup(func() { d.Close() })
+		return d
+	}
+	d, err := softnic.Open(softnic.Config{Link: f.net.NewLink()})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// deviceAt opens a device at addr: a restarted host.
+func (f *fabric) deviceAt(addr netip.AddrPort) *softnic.Device {
+	f.t.Helper()
+	var d *softnic.Device
+	var err error
+	if f.net == nil {
+		d, err = softnic.OpenUDP(addr.String())
+	} else {
+		var l *softnictest.Link
+		if l, err = f.net.NewLinkAt(addr); err == nil {
+			d, err = softnic.Open(softnic.Config{Link: l})
+		}
+	}
+	if err != nil {
+		f.t.Fatalf("device at %v: %v", addr, err)
+	}
+	f.t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func startServer(t testing.TB, dev *softnic.Device, cfg ServerConfig) *Server {
+	t.Helper()
+	s, err := NewServer(dev, cfg)
+	if err != nil {
+		t.Fatalf("NewServer: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func startClient(t testing.TB, dev *softnic.Device, cfg ClientConfig) *Client {
+	t.Helper()
+	c, err := NewClient(context.Background(), dev, cfg)
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// testNode returns a node whose fields all derive from (gid, inc), so
+// that any mix of two versions of an entry is detectable: consistent
+// checks the derivation.
+func testNode(gid uint32, inc uint64) NodeInfo {
+	return NodeInfo{
+		GID:         gid,
+		Incarnation: inc,
+		Addr:        netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(inc >> 16), byte(inc >> 8), byte(inc)}), uint16(inc>>24)|1),
+		DCTN:        uint32(inc*7) & 0xffffff,
+		DCKey:       inc * 0x9e3779b97f4a7c15,
+		DirRKey:     uint32(inc>>32) ^ gid,
+		DirLen:      uint32(inc) * 3,
+	}
+}
+
+func consistent(n NodeInfo) bool { return n == testNode(n.GID, n.Incarnation) }
+
+// waitFor polls cond every few milliseconds for up to d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// rawRegister registers n over a client's connection without an Agent
+// (no heartbeats): a node that will crash.
+func rawRegister(ctx context.Context, c *Client, n NodeInfo, lease time.Duration) (NodeInfo, error) {
+	var out NodeInfo
+	err := c.each(ctx, func(cn *conn) (bool, error) {
+		rep, err := cn.call(ctx, message{kind: kindRegister, node: n, leaseMs: uint32(lease / time.Millisecond)})
+		if err != nil {
+			return false, err
+		}
+		if err := rep.status.err(); err != nil {
+			return true, err
+		}
+		out = n
+		out.GID, out.Incarnation = rep.node.GID, rep.node.Incarnation
+		return true, nil
+	})
+	return out, err
+}
+
+func checkLeaks(t *testing.T) { leaktest.Check(t) }
+
+// advance moves a manual clock forward in steps, letting goroutines that
+// the steps wake (heartbeats, sweeps) run between them.
+func advance(clk *softnictest.ManualClock, d, step time.Duration, between func()) {
+	for d > 0 {
+		s := min(d, step)
+		clk.Advance(s)
+		d -= s
+		if between != nil {
+			between()
+		}
+	}
+}
+
+func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

@@ -1,0 +1,257 @@
+package meta
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"time"
+)
+
+// The node table as it lies in the server's registered memory. Everything
+// is little-endian. The table MR starts with a 64-byte header, then the
+// slots, EntrySize bytes each:
+//
+//	offset 0                 64              64+64*1     64+64*(slots+H-1)
+//	       | header          | slot 0        | slot 1 ... | end
+//
+// A gid's home slot is homeSlot(gid); its entry lies in one of the H slots
+// [home, home+H) (hopscotch hashing with neighbourhood H). The table has
+// H-1 slots of padding past the last home slot so that a neighbourhood
+// never wraps: a lookup is one READ of H*EntrySize bytes at
+// SlotOffset(home).
+//
+// Header (written once, before the MR is registered):
+//
+//	0  u32 magic "KRMT"      4  u16 layout version   6  u16 entry size
+//	8  u32 home slots       12  u16 neighbourhood H 14  u16 reserved
+//	16 i64 epoch (unix ns of the server clock when the table was made)
+//	24 u64 server incarnation (random, new on every server start)
+//	32..63 reserved
+//
+// Entry (one slot):
+//
+//	0  u32 head version      4  u32 gid            8  u64 incarnation
+//	16 [16] IP (As16)       32  u16 port          34  u8  state (0 free, 1 live)
+//	35 u8  flags (bit 0: IPv4)                     36  u32 DCT number
+//	40 u64 DC key           48  u32 region directory rkey
+//	52 u32 region directory length                 56  u32 lease expiry
+//	60 u32 tail version
+//
+// The lease expiry is in milliseconds since the header's epoch, modulo
+// 2^32 (compare with serial-number arithmetic, as for PSNs).
+const (
+	// EntrySize is the size of one table slot: one cache line.
+	EntrySize = 64
+	// HeaderSize is the size of the table header; slot 0 follows it.
+	HeaderSize = 64
+
+	tableMagic    = 0x544d524b // "KRMT" little-endian
+	layoutVersion = 1
+
+	stateFree = 0
+	stateLive = 1
+
+	flagIPv4 = 1
+
+	// Entry field offsets.
+	offHead   = 0
+	offGID    = 4
+	offInc    = 8
+	offIP     = 16
+	offPort   = 32
+	offState  = 34
+	offFlags  = 35
+	offDCTN   = 36
+	offDCKey  = 40
+	offDirKey = 48
+	offDirLen = 52
+	offExpiry = 56
+	offTail   = 60
+)
+
+// tableGeom is the shape of a table: what a client needs, besides the
+// rkey, to READ it.
+type tableGeom struct {
+	slots int // home slots, a power of two
+	nbhd  int // neighbourhood H
+	shift uint
+}
+
+func newGeom(slots, nbhd int) (tableGeom, error) {
+	if slots < 1 || slots > 1<<24 || slots&(slots-1) != 0 {
+		return tableGeom{}, fmt.Errorf("meta: table slots %d: want a power of two in [1, 2^24]", slots)
+	}
+	if nbhd < 1 || nbhd > 64 {
+		return tableGeom{}, fmt.Errorf("meta: neighbourhood %d: want 1..64", nbhd)
+	}
+	return tableGeom{slots: slots, nbhd: nbhd, shift: uint(32 - bits.TrailingZeros(uint(slots)))}, nil
+}
+
+// physSlots is the number of slots in memory: home slots plus padding.
+func (g tableGeom) physSlots() int { return g.slots + g.nbhd - 1 }
+
+// bytes is the size of the whole table MR.
+func (g tableGeom) bytes() int { return HeaderSize + g.physSlots()*EntrySize }
+
+// nbhdBytes is the size of one lookup READ.
+func (g tableGeom) nbhdBytes() int { return g.nbhd * EntrySize }
+
+// home is gid's home slot: Fibonacci hashing (multiply by 2^32/phi, keep
+// the top bits). It spreads consecutive gids evenly, and clients and
+// server must agree on it, so it is part of the layout.
+func (g tableGeom) home(gid uint32) int {
+	if g.shift == 32 {
+		return 0
+	}
+	return int((gid * 0x9e3779b1) >> g.shift)
+}
+
+// slotOffset is the offset of slot i in the table MR.
+func slotOffset(i int) uint64 { return uint64(HeaderSize + i*EntrySize) }
+
+// tableHeader is the decoded header.
+type tableHeader struct {
+	geom      tableGeom
+	epoch     time.Time
+	serverInc uint64
+}
+
+func putHeader(b []byte, h tableHeader) {
+	clear(b[:HeaderSize])
+	binary.LittleEndian.PutUint32(b[0:], tableMagic)
+	binary.LittleEndian.PutUint16(b[4:], layoutVersion)
+	binary.LittleEndian.PutUint16(b[6:], EntrySize)
+	binary.LittleEndian.PutUint32(b[8:], uint32(h.geom.slots))
+	binary.LittleEndian.PutUint16(b[12:], uint16(h.geom.nbhd))
+	binary.LittleEndian.PutUint64(b[16:], uint64(h.epoch.UnixNano()))
+	binary.LittleEndian.PutUint64(b[24:], h.serverInc)
+}
+
+func parseHeader(b []byte) (tableHeader, error) {
+	if len(b) < HeaderSize {
+		return tableHeader{}, fmt.Errorf("meta: table header: %d bytes", len(b))
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != tableMagic {
+		return tableHeader{}, fmt.Errorf("meta: table header: bad magic %#x", m)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != layoutVersion {
+		return tableHeader{}, fmt.Errorf("meta: table layout version %d, want %d", v, layoutVersion)
+	}
+	if es := binary.LittleEndian.Uint16(b[6:]); es != EntrySize {
+		return tableHeader{}, fmt.Errorf("meta: table entry size %d, want %d", es, EntrySize)
+	}
+	g, err := newGeom(int(binary.LittleEndian.Uint32(b[8:])), int(binary.LittleEndian.Uint16(b[12:])))
+	if err != nil {
+		return tableHeader{}, err
+	}
+	return tableHeader{
+		geom:      g,
+		epoch:     time.Unix(0, int64(binary.LittleEndian.Uint64(b[16:]))),
+		serverInc: binary.LittleEndian.Uint64(b[24:]),
+	}, nil
+}
+
+// entry is one decoded table slot.
+type entry struct {
+	node    NodeInfo
+	live    bool
+	expiry  uint32 // ms since the table epoch, mod 2^32
+	version uint32
+}
+
+// putEntryBody writes the fields of e between the two versions,
+// b[4:60] of a slot; a free entry is all zeros.
+func putEntryBody(b []byte, e *entry) {
+	clear(b[offGID:offTail])
+	if !e.live {
+		return
+	}
+	n := &e.node
+	binary.LittleEndian.PutUint32(b[offGID:], n.GID)
+	binary.LittleEndian.PutUint64(b[offInc:], n.Incarnation)
+	b[offFlags] = putAddr(b[offIP:offIP+16], b[offPort:offPort+2], n.Addr)
+	b[offState] = stateLive
+	binary.LittleEndian.PutUint32(b[offDCTN:], n.DCTN)
+	binary.LittleEndian.PutUint64(b[offDCKey:], n.DCKey)
+	binary.LittleEndian.PutUint32(b[offDirKey:], n.DirRKey)
+	binary.LittleEndian.PutUint32(b[offDirLen:], n.DirLen)
+	binary.LittleEndian.PutUint32(b[offExpiry:], e.expiry)
+}
+
+// putEntry writes a whole, consistent slot with the given version (even).
+// Tests use it; the server writes slots piecewise (see Server.writeSlot).
+func putEntry(b []byte, e *entry, version uint32) {
+	binary.LittleEndian.PutUint32(b[offHead:], version)
+	putEntryBody(b, e)
+	binary.LittleEndian.PutUint32(b[offTail:], version)
+}
+
+// decodeEntry decodes one slot. ok is false for a torn slot: versions that
+// differ or are odd (a write in progress). A client never uses a torn
+// slot; it reads again.
+func decodeEntry(b []byte) (e entry, ok bool) {
+	head := binary.LittleEndian.Uint32(b[offHead:])
+	tail := binary.LittleEndian.Uint32(b[offTail:])
+	if head != tail || head&1 != 0 {
+		return entry{}, false
+	}
+	e.version = head
+	switch b[offState] {
+	case stateFree:
+		return e, true
+	case stateLive:
+	default:
+		// Not a state any server writes: treat as torn, read again.
+		return entry{}, false
+	}
+	e.live = true
+	n := &e.node
+	n.GID = binary.LittleEndian.Uint32(b[offGID:])
+	n.Incarnation = binary.LittleEndian.Uint64(b[offInc:])
+	n.Addr = getAddr(b[offIP:offIP+16], b[offPort:offPort+2], b[offFlags])
+	n.DCTN = binary.LittleEndian.Uint32(b[offDCTN:])
+	n.DCKey = binary.LittleEndian.Uint64(b[offDCKey:])
+	n.DirRKey = binary.LittleEndian.Uint32(b[offDirKey:])
+	n.DirLen = binary.LittleEndian.Uint32(b[offDirLen:])
+	e.expiry = binary.LittleEndian.Uint32(b[offExpiry:])
+	return e, true
+}
+
+// putAddr encodes an address as 16 IP bytes and a port, returning the
+// flags byte. IPv4 addresses are stored IPv4-mapped with flagIPv4 set;
+// zones are dropped.
+func putAddr(ip, port []byte, a netip.AddrPort) (flags byte) {
+	addr := a.Addr()
+	if addr.Is4() {
+		flags = flagIPv4
+	}
+	if addr.IsValid() {
+		b := addr.As16()
+		copy(ip, b[:])
+	} else {
+		clear(ip[:16])
+	}
+	binary.LittleEndian.PutUint16(port, a.Port())
+	return flags
+}
+
+func getAddr(ip, port []byte, flags byte) netip.AddrPort {
+	a := netip.AddrFrom16([16]byte(ip[:16]))
+	if flags&flagIPv4 != 0 {
+		a = a.Unmap()
+	}
+	return netip.AddrPortFrom(a, binary.LittleEndian.Uint16(port))
+}
+
+// validAddr reports whether a can be stored and round-trips: a specified
+// IP without a zone.
+func validAddr(a netip.AddrPort) bool {
+	ip := a.Addr()
+	return ip.IsValid() && !ip.IsUnspecified() && ip.Zone() == ""
+}
+
+// expiryMillis encodes an expiry time relative to the table epoch.
+func expiryMillis(epoch, t time.Time) uint32 {
+	return uint32(t.Sub(epoch) / time.Millisecond)
+}

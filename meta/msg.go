@@ -1,0 +1,285 @@
+package meta
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Two-sided messages between a node and a meta server, carried in SENDs
+// over the node's RC connection. Every message is an 8-byte header and a
+// body whose length the kind and status fix exactly:
+//
+//	0  u8  magic 0x6d ('m')    1  u8  version (1)
+//	2  u8  kind (bit 7: reply)  3  u8  status (0 in requests)
+//	4  u32 request ID, echoed in the reply
+//
+// Bodies (little-endian; "record" is a node record, below):
+//
+//	kind        request                     reply (status OK; other statuses: empty)
+//	register    gid u32, lease ms u32,      gid u32, lease ms u32, incarnation u64
+//	            record
+//	heartbeat   gid u32, incarnation u64    gid u32, lease ms u32
+//	deregister  gid u32, incarnation u64    gid u32
+//	lookup      gid u32                     gid u32, lease ms left u32, record
+//	ping        (empty)                     (empty)
+//	bye         (empty)                     (no reply)
+//
+// A record is 47 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
+// port u16, flags u8 (bit 0: IPv4), DCT number u32, DC key u64, region
+// directory rkey u32 and length u32. A gid of 0 in a registration asks
+// the server to assign one, an incarnation of 0 to assign that.
+//
+// Parsing is strict, so that every accepted message has exactly one
+// encoding (parse, append and parse again give the same message and the
+// same bytes; the fuzz test checks it): unknown kinds, versions, statuses
+// or flags, wrong lengths, a zero gid where one is required, a reply
+// status in a request and an unspecified or non-canonical address are
+// all malformed.
+const (
+	msgMagic   = 0x6d
+	msgVersion = 1
+	msgHdrLen  = 8
+	recordLen  = 47
+	// MaxMessage bounds every message; receive buffers are this large.
+	MaxMessage = 128
+
+	replyBit = 0x80
+)
+
+// msgKind is a message kind; replies have replyBit set.
+type msgKind uint8
+
+const (
+	kindRegister msgKind = iota + 1
+	kindHeartbeat
+	kindDeregister
+	kindLookup
+	kindPing
+	kindBye
+)
+
+func (k msgKind) String() string {
+	names := [...]string{"?", "register", "heartbeat", "deregister", "lookup", "ping", "bye"}
+	s := "?"
+	if b := k &^ replyBit; int(b) < len(names) {
+		s = names[b]
+	}
+	if k&replyBit != 0 {
+		s += "-reply"
+	}
+	return s
+}
+
+// status is a reply's outcome.
+type status uint8
+
+const (
+	stOK status = iota
+	stMalformed
+	stInUse
+	stNotRegistered
+	stNotFound
+	stFull
+	stNumStatus // first invalid value
+)
+
+// err maps a reply status to the package's errors.
+func (s status) err() error {
+	switch s {
+	case stOK:
+		return nil
+	case stMalformed:
+		return ErrMalformed
+	case stInUse:
+		return ErrGIDInUse
+	case stNotRegistered:
+		return ErrNotRegistered
+	case stNotFound:
+		return ErrNotFound
+	case stFull:
+		return ErrTableFull
+	}
+	return fmt.Errorf("meta: reply status %d", uint8(s))
+}
+
+// message is a parsed message. Which fields mean something depends on
+// kind and status (see the table above); the others are zero.
+type message struct {
+	kind    msgKind
+	status  status
+	reqID   uint32
+	leaseMs uint32
+	node    NodeInfo // GID always; the rest as the body carries it
+}
+
+// bodyLen is the exact body length of a message of kind k with status
+// st, or -1 if the combination does not exist.
+func bodyLen(k msgKind, st status) int {
+	reply := k&replyBit != 0
+	if base := k &^ replyBit; base < kindRegister || base > kindBye {
+		return -1
+	}
+	if !reply && st != stOK {
+		return -1
+	}
+	if reply && st != stOK {
+		if k&^replyBit == kindBye || st >= stNumStatus {
+			return -1
+		}
+		return 0
+	}
+	switch k {
+	case kindRegister:
+		return 8 + recordLen
+	case kindRegister | replyBit:
+		return 16
+	case kindHeartbeat, kindDeregister:
+		return 12
+	case kindHeartbeat | replyBit:
+		return 8
+	case kindDeregister | replyBit:
+		return 4
+	case kindLookup:
+		return 4
+	case kindLookup | replyBit:
+		return 8 + recordLen
+	case kindPing, kindPing | replyBit, kindBye:
+		return 0
+	}
+	return -1
+}
+
+// hasGID reports whether the body starts with a gid.
+func (m *message) hasGID() bool {
+	return m.status == stOK && m.kind&^replyBit != kindPing && m.kind != kindBye
+}
+
+// size is the encoded length of m.
+func (m *message) size() int { return msgHdrLen + bodyLen(m.kind, m.status) }
+
+// parseHeader reads the header alone, so that the server can answer a
+// message with a bad body with stMalformed.
+func parseMsgHeader(b []byte) (kind msgKind, reqID uint32, ok bool) {
+	if len(b) < msgHdrLen || b[0] != msgMagic || b[1] != msgVersion {
+		return 0, 0, false
+	}
+	return msgKind(b[2]), binary.LittleEndian.Uint32(b[4:]), true
+}
+
+// parseMessage parses one message; b must be exactly the message.
+func parseMessage(b []byte) (message, error) {
+	var m message
+	if len(b) < msgHdrLen {
+		return m, fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
+	}
+	if b[0] != msgMagic || b[1] != msgVersion {
+		return m, fmt.Errorf("%w: magic %#x version %d", ErrMalformed, b[0], b[1])
+	}
+	m.kind, m.status = msgKind(b[2]), status(b[3])
+	m.reqID = binary.LittleEndian.Uint32(b[4:])
+	n := bodyLen(m.kind, m.status)
+	if n < 0 {
+		return message{}, fmt.Errorf("%w: kind %v status %d", ErrMalformed, m.kind, b[3])
+	}
+	if len(b) != msgHdrLen+n {
+		return message{}, fmt.Errorf("%w: %v of %d bytes, want %d", ErrMalformed, m.kind, len(b), msgHdrLen+n)
+	}
+	p := b[msgHdrLen:]
+	if m.hasGID() {
+		m.node.GID = binary.LittleEndian.Uint32(p)
+		p = p[4:]
+		if m.node.GID == 0 && m.kind != kindRegister {
+			return message{}, fmt.Errorf("%w: %v for gid 0", ErrMalformed, m.kind)
+		}
+	}
+	if m.status != stOK {
+		return m, nil
+	}
+	switch m.kind {
+	case kindRegister, kindLookup | replyBit:
+		m.leaseMs = binary.LittleEndian.Uint32(p)
+		if err := getRecord(p[4:], &m.node); err != nil {
+			return message{}, err
+		}
+	case kindRegister | replyBit:
+		m.leaseMs = binary.LittleEndian.Uint32(p)
+		m.node.Incarnation = binary.LittleEndian.Uint64(p[4:])
+		if m.node.Incarnation == 0 {
+			return message{}, fmt.Errorf("%w: registered with incarnation 0", ErrMalformed)
+		}
+	case kindHeartbeat, kindDeregister:
+		m.node.Incarnation = binary.LittleEndian.Uint64(p)
+		if m.node.Incarnation == 0 {
+			return message{}, fmt.Errorf("%w: %v for incarnation 0", ErrMalformed, m.kind)
+		}
+	case kindHeartbeat | replyBit:
+		m.leaseMs = binary.LittleEndian.Uint32(p)
+	}
+	return m, nil
+}
+
+// appendMessage appends m's encoding to b. m must be well formed (as
+// parseMessage would return it).
+func (m *message) append(b []byte) []byte {
+	n := bodyLen(m.kind, m.status)
+	if n < 0 {
+		panic(fmt.Sprintf("meta: encoding invalid message %v status %d", m.kind, m.status))
+	}
+	off := len(b)
+	b = append(b, make([]byte, msgHdrLen+n)...)
+	h := b[off:]
+	h[0], h[1], h[2], h[3] = msgMagic, msgVersion, byte(m.kind), byte(m.status)
+	binary.LittleEndian.PutUint32(h[4:], m.reqID)
+	p := h[msgHdrLen:]
+	if m.hasGID() {
+		binary.LittleEndian.PutUint32(p, m.node.GID)
+		p = p[4:]
+	}
+	if m.status != stOK {
+		return b
+	}
+	switch m.kind {
+	case kindRegister, kindLookup | replyBit:
+		binary.LittleEndian.PutUint32(p, m.leaseMs)
+		putRecord(p[4:], &m.node)
+	case kindRegister | replyBit:
+		binary.LittleEndian.PutUint32(p, m.leaseMs)
+		binary.LittleEndian.PutUint64(p[4:], m.node.Incarnation)
+	case kindHeartbeat, kindDeregister:
+		binary.LittleEndian.PutUint64(p, m.node.Incarnation)
+	case kindHeartbeat | replyBit:
+		binary.LittleEndian.PutUint32(p, m.leaseMs)
+	}
+	return b
+}
+
+func putRecord(p []byte, n *NodeInfo) {
+	binary.LittleEndian.PutUint64(p[0:], n.Incarnation)
+	p[26] = putAddr(p[8:24], p[24:26], n.Addr)
+	binary.LittleEndian.PutUint32(p[27:], n.DCTN)
+	binary.LittleEndian.PutUint64(p[31:], n.DCKey)
+	binary.LittleEndian.PutUint32(p[39:], n.DirRKey)
+	binary.LittleEndian.PutUint32(p[43:], n.DirLen)
+}
+
+func getRecord(p []byte, n *NodeInfo) error {
+	flags := p[26]
+	if flags&^flagIPv4 != 0 {
+		return fmt.Errorf("%w: record flags %#x", ErrMalformed, flags)
+	}
+	ip := [16]byte(p[8:24])
+	mapped := ip[10] == 0xff && ip[11] == 0xff && [10]byte(ip[:10]) == [10]byte{}
+	if flags&flagIPv4 != 0 && !mapped {
+		return fmt.Errorf("%w: IPv4 flag on a non-mapped address", ErrMalformed)
+	}
+	n.Incarnation = binary.LittleEndian.Uint64(p[0:])
+	n.Addr = getAddr(p[8:24], p[24:26], flags)
+	if !validAddr(n.Addr) {
+		return fmt.Errorf("%w: node address %v", ErrMalformed, n.Addr)
+	}
+	n.DCTN = binary.LittleEndian.Uint32(p[27:])
+	n.DCKey = binary.LittleEndian.Uint64(p[31:])
+	n.DirRKey = binary.LittleEndian.Uint32(p[39:])
+	n.DirLen = binary.LittleEndian.Uint32(p[43:])
+	return nil
+}
