@@ -75,6 +75,10 @@ func errno(err error) syscall.Errno {
 	if errors.As(err, &e) {
 		return e
 	}
+	var ee interface{ Errno() syscall.Errno }
+	if errors.As(err, &ee) {
+		return ee.Errno()
+	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return syscall.ETIMEDOUT
