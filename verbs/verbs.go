@@ -385,9 +385,19 @@ type QPConfig struct {
 	DCKey uint64
 }
 
+// AttrMask selects QPAttr fields that Modify applies even when they are
+// zero; other fields are applied only when non-zero.
+type AttrMask uint8
+
+const (
+	AttrRetryCnt AttrMask = 1 << iota // set RetryCnt, even to 0
+	AttrRNRRetry                      // set RNRRetry, even to 0
+)
+
 // QPAttr holds the attributes QP.Modify sets.
 type QPAttr struct {
 	State QPState
+	Mask  AttrMask
 	// Access is what remote peers may do through this QP (RC and DCT).
 	Access Access
 	// Path MTU in bytes of payload per packet.

@@ -252,6 +252,22 @@ func TestRNR(t *testing.T) {
 		if wc := poll(t, b.cq, 1, 5*time.Second)[0]; wc.ID != 5 || wc.ByteLen != 100 {
 			t.Fatalf("receive: %+v", wc)
 		}
+		// RNR retry 0 (set through the mask): the first RNR NAK fails it.
+		qz := a.rcQP()
+		qbz := b.rcQP()
+		if err := b.dev.ListenRC(778, func(verbs.ConnRequest) (verbs.QP, []byte, error) { return qbz, nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.dev.ConnectRC(t.Context(), qz, b.dev.Addr(), 778, verbs.ConnParams{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := qz.Modify(verbs.QPAttr{State: verbs.StateRTS, Mask: verbs.AttrRNRRetry, RNRRetry: 0}); err != nil {
+			t.Fatal(err)
+		}
+		post(t, qz, verbs.SendWR{ID: 8, Op: verbs.OpSend, Local: sge(a, 0, 10)})
+		if wc := poll(t, a.cq, 1, 5*time.Second)[0]; wc.Status != verbs.StatusRNRRetryExcErr || qbz.Info().Stats.RNRNAKSent != 1 {
+			t.Fatalf("RNR retry 0: %+v after %d RNR NAKs", wc, qbz.Info().Stats.RNRNAKSent)
+		}
 		// Finite RNR retry.
 		qa2, _ := a.rcQP(), 0
 		svc := uint32(777)

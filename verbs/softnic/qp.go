@@ -195,10 +195,10 @@ func (q *qp) applyAttrLocked(a verbs.QPAttr, to verbs.QPState) {
 	if a.Timeout != 0 {
 		at.Timeout = a.Timeout
 	}
-	if a.RetryCnt != 0 {
+	if a.RetryCnt != 0 || a.Mask&verbs.AttrRetryCnt != 0 {
 		at.RetryCnt = a.RetryCnt
 	}
-	if a.RNRRetry != 0 {
+	if a.RNRRetry != 0 || a.Mask&verbs.AttrRNRRetry != 0 {
 		at.RNRRetry = a.RNRRetry
 	}
 	if a.MinRNRTimer != 0 {

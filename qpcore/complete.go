@@ -1,0 +1,403 @@
+package qpcore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/verbs"
+)
+
+// This file handles send completions, including the error paths that
+// KRCORE's artifact lacks:
+//
+// Isolation. An error completion on a shared QP (a DCI, or a peer's RC QP
+// shared by its VQPs) moves the QP to ERR and flushes every WR on it. qpcore
+// waits until every WR it posted on the QP came back, then:
+//   - a DCI is reset to RTS (RESET, INIT, RTR, RTS) and keeps its owner;
+//     an RC QP, which cannot come back without a new handshake, is
+//     destroyed and its operations move to DC;
+//   - the erroring WR's failure goes to its owner only, with the NAK's
+//     reason (a stale rkey also invalidates the directory cache);
+//   - every flushed WR is an innocent: it is queued again in front of
+//     everything, in its original order, and posted again after the
+//     directory was re-read if needed. The one exception is an atomic that
+//     the responder executed before the error but whose response was lost:
+//     running it twice would be wrong, so its owner gets ErrAtomicLost.
+//
+// Staleness. A DC key or unknown-DCT NAK means the peer restarted: every
+// operation of the QP is stalled, the resolver entry invalidated and the
+// peer looked up again (repeatedly, for up to PeerTimeout, while the
+// resolver still serves the old metadata), then each operation is retried
+// once with the new metadata (and the new directory). A retry-exceeded error means the peer
+// is silent: the peer is looked up again; if it moved (a new incarnation)
+// the operations are retried there, otherwise they fail with
+// ErrPeerUnreachable, as does everything queued for the peer, and new
+// operations fail at once for PeerTimeout.
+//
+// RNR. A SEND whose receiver had no buffer posted for all the RNR retries
+// is retried after rnrBackoff until its deadline (MsgTimeout).
+
+const rnrBackoff = 2 * time.Millisecond
+
+// pollSend processes send completions, at most maxBatches batches (all
+// available if negative).
+func (n *Node) pollSend(maxBatches int) {
+	n.pollMu.Lock()
+	e := newEffects()
+	for b := 0; maxBatches < 0 || b < maxBatches; b++ {
+		k := n.scq.Poll(n.wcs[:])
+		if k == 0 {
+			break
+		}
+		for i := range k {
+			n.onSendWC(&n.wcs[i], e)
+		}
+	}
+	n.pollMu.Unlock()
+	n.apply(e)
+}
+
+func (n *Node) onSendWC(wc *verbs.WC, e *effects) {
+	o := n.ops.get(wc.ID)
+	if o == nil {
+		return
+	}
+	p := o.p
+	p.mu.Lock()
+	if o.state == opPosted {
+		if o.dci != nil {
+			n.dciDoneLocked(p, o, wc, e)
+		} else if o.rc != nil {
+			n.rcDoneLocked(p, o, wc, e)
+		}
+	}
+	n.kickLocked(p, e)
+	p.mu.Unlock()
+}
+
+func (n *Node) dciDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
+	d := o.dci
+	o.dci = nil
+	d.out--
+	if wc.Status == verbs.StatusSuccess {
+		n.finishLocked(p, o, nil, e)
+	} else {
+		if !d.errored {
+			d.errored = true
+			n.dcMu.Lock()
+			n.arb.StartRecovery(d.idx)
+			n.dcMu.Unlock()
+			n.stats.qpErrors.Add(1)
+		}
+		o.setState(opStalled)
+		d.failed = append(d.failed, failure{o, wc.Status, wc.Reason})
+	}
+	if d.errored && d.out == 0 {
+		n.recoverDCILocked(p, d, e)
+	}
+}
+
+// recoverDCILocked brings an errored DCI whose WRs all came back to RTS
+// and sorts out its failed ops.
+func (n *Node) recoverDCILocked(p *peer, d *dciSlot, e *effects) {
+	failed := d.failed
+	d.failed = nil
+	if err := n.pool.Recover(d.idx); err != nil {
+		// The device is going away; the DCI stays errored.
+		for _, f := range failed {
+			n.finishLocked(p, f.o, fmt.Errorf("%w: DCI recovery: %w", ErrClosed, err), e)
+		}
+		return
+	}
+	d.errored = false
+	n.dcMu.Lock()
+	n.arb.FinishRecovery(d.idx)
+	n.dcMu.Unlock()
+	n.stats.dciRecoveries.Add(1)
+	n.handleFailuresLocked(p, failed, false, e)
+}
+
+func (n *Node) rcDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
+	c := o.rc
+	o.rc = nil
+	c.out--
+	if wc.Status == verbs.StatusSuccess {
+		n.finishLocked(p, o, nil, e)
+	} else {
+		if !c.errored {
+			c.errored = true
+			n.stats.qpErrors.Add(1)
+		}
+		o.setState(opStalled)
+		c.failed = append(c.failed, failure{o, wc.Status, wc.Reason})
+	}
+	switch {
+	case c.errored && c.out == 0:
+		failed := c.failed
+		c.failed = nil
+		// An RC QP in ERR needs a new handshake: drop it, fall back to DC.
+		p.rc = nil
+		p.setRCLocked(rcNone)
+		p.rcRetryAt = time.Now().Add(n.cfg.RCIdle)
+		e.destroy = append(e.destroy, c)
+		n.stats.rcErrors.Add(1)
+		n.stats.rcFallbacks.Add(1)
+		// Operations queued for RC go to DC after the failed ones.
+		rest := p.rcq.take()
+		for _, x := range rest {
+			n.rerouteLocked(x)
+		}
+		p.dcq.pushFront(rest)
+		for _, f := range failed {
+			n.rerouteLocked(f.o)
+		}
+		n.handleFailuresLocked(p, failed, true, e)
+		n.settleAllLocked(p)
+	case !c.errored:
+		n.rcMaybeCloseLocked(p, e)
+	}
+}
+
+// rerouteLocked moves an op counted on RC to DC.
+func (n *Node) rerouteLocked(o *op) {
+	if o.route == DC {
+		return
+	}
+	v := o.v
+	v.out[RC]--
+	v.out[DC]++
+	o.route = DC
+	if v.out[RC] == 0 {
+		n.switchRouteLocked(v, DC)
+	}
+}
+
+// failure classes
+const (
+	failNone  = iota // only flushes
+	failOp           // the erroring WR itself is wrong
+	failStale        // the target's key or DCT number is wrong: the peer restarted
+	failDown         // no response: peer dead or moved
+	failRNR          // no receive buffer
+	failLost         // an RC QP's peer no longer knows it (not staleness of the peer)
+)
+
+func classify(st verbs.Status, why verbs.Reason, fromRC bool) int {
+	switch st {
+	case verbs.StatusWRFlushErr:
+		return failNone
+	case verbs.StatusRetryExcErr:
+		return failDown
+	case verbs.StatusRNRRetryExcErr:
+		return failRNR
+	case verbs.StatusRemInvReqErr:
+		if why == verbs.ReasonDCKey || why == verbs.ReasonNoQP {
+			if fromRC {
+				return failLost
+			}
+			return failStale
+		}
+	}
+	return failOp
+}
+
+// handleFailuresLocked sorts out the ops of an errored QP, in completion
+// order (which is post order).
+func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *effects) {
+	ci := -1
+	for i, f := range failed {
+		if f.st != verbs.StatusWRFlushErr {
+			ci = i
+			break
+		}
+	}
+	class := failNone
+	if ci >= 0 {
+		class = classify(failed[ci].st, failed[ci].why, fromRC)
+	}
+	ops := make([]*op, 0, len(failed))
+	switch class {
+	case failNone, failLost:
+		for _, f := range failed {
+			ops = append(ops, f.o)
+		}
+		n.requeueLocked(p, ops)
+	case failOp:
+		c := failed[ci]
+		switch c.why {
+		case verbs.ReasonRKey, verbs.ReasonBounds, verbs.ReasonPerm:
+			n.invalidateDirLocked(p)
+		}
+		n.stats.remoteErrors.Add(1)
+		n.finishLocked(p, c.o, &RemoteError{Status: c.st, Reason: c.why}, e)
+		for i, f := range failed {
+			switch {
+			case i == ci:
+			case i < ci && f.o.code.atomic():
+				n.finishLocked(p, f.o, ErrAtomicLost, e)
+			default:
+				ops = append(ops, f.o)
+			}
+		}
+		n.requeueLocked(p, ops)
+	case failRNR:
+		c := failed[ci]
+		if !c.o.deadline.IsZero() && time.Now().After(c.o.deadline) {
+			n.finishLocked(p, c.o, ErrReceiverBusy, e)
+			for i, f := range failed {
+				if i != ci {
+					ops = append(ops, f.o)
+				}
+			}
+			n.requeueLocked(p, ops)
+			return
+		}
+		n.stats.rnrRetries.Add(1)
+		for _, f := range failed {
+			ops = append(ops, f.o)
+		}
+		n.stallLocked(p, ops)
+		if p.pause == pauseNone {
+			p.pause = pauseRNR
+			e.rnr = append(e.rnr, p)
+		}
+	case failStale, failDown:
+		for _, f := range failed {
+			ops = append(ops, f.o)
+		}
+		n.stallLocked(p, ops)
+		if p.pause != pauseResolve {
+			// A resolve takes over an RNR pause: its timer finds it gone.
+			p.pause = pauseResolve
+			p.stallDown = class == failDown
+			e.relook = append(e.relook, p)
+		}
+	}
+}
+
+// requeueLocked puts ops, in order, in front of p's DC queue.
+func (n *Node) requeueLocked(p *peer, ops []*op) {
+	for _, o := range ops {
+		o.setState(opQueued)
+	}
+	p.dcq.pushFront(ops)
+	n.stats.reposted.Add(uint64(len(ops)))
+}
+
+// stallLocked parks ops until the peer's pause ends.
+func (n *Node) stallLocked(p *peer, ops []*op) {
+	for _, o := range ops {
+		o.setState(opStalled)
+	}
+	p.stalled = append(p.stalled, ops...)
+}
+
+// unstallLocked ends a pause: stalled ops go back in front of the DC
+// queue.
+func (n *Node) unstallLocked(p *peer) {
+	ops := p.stalled
+	p.stalled = nil
+	p.pause = pauseNone
+	n.requeueLocked(p, ops)
+}
+
+// resumeRNR ends an RNR pause.
+func (n *Node) resumeRNR(p *peer) {
+	e := newEffects()
+	p.mu.Lock()
+	if p.pause == pauseRNR && !p.closed {
+		n.unstallLocked(p)
+		n.kickLocked(p, e)
+	}
+	p.mu.Unlock()
+	n.apply(e)
+}
+
+// relookup re-resolves a peer whose QP said its metadata is stale or that
+// stopped answering, then retries or fails the stalled ops.
+func (n *Node) relookup(p *peer) {
+	p.mu.Lock()
+	cur, stale := p.info, !p.stallDown
+	fresh := false // some stalled op has its retry left: worth waiting for
+	for _, o := range p.stalled {
+		fresh = fresh || o.retries == 0
+	}
+	p.mu.Unlock()
+	// After a restart the resolver may serve the old metadata until the
+	// peer registered again: for a stale NAK, keep asking (with backoff)
+	// for up to PeerTimeout. A silent peer already cost PeerTimeout: one
+	// look.
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.PeerTimeout)
+	defer cancel()
+	var info meta.NodeInfo
+	var err error
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		n.res.Invalidate(p.gid)
+		info, err = n.res.Lookup(ctx, p.gid)
+		n.stats.relookups.Add(1)
+		if !stale || !fresh || err != nil || info != cur {
+			break
+		}
+		select {
+		case <-time.After(wait):
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	e := newEffects()
+	p.mu.Lock()
+	defer func() {
+		p.mu.Unlock()
+		n.apply(e)
+	}()
+	if p.closed || p.pause != pauseResolve {
+		return
+	}
+	down := p.stallDown
+	changed := err == nil && info.GID == p.gid && info.Addr.IsValid() && info != p.info
+	if changed {
+		p.setInfoLocked(info)
+		if p.rc != nil && p.rcPhase == rcReady {
+			p.setRCLocked(rcDraining)
+			n.rcMaybeCloseLocked(p, e)
+		}
+	}
+	retry := err == nil && (changed || !down)
+	stalled := p.stalled
+	p.stalled = nil
+	p.pause = pauseNone
+	var again []*op
+	for _, o := range stalled {
+		switch {
+		case retry && o.retries == 0:
+			o.retries++
+			again = append(again, o)
+			n.stats.staleRetries.Add(1)
+		case down || err != nil:
+			n.finishLocked(p, o, n.downErr(p, err), e)
+		default:
+			n.finishLocked(p, o, fmt.Errorf("%w: gid %d", ErrStale, p.gid), e)
+		}
+	}
+	if !retry && down {
+		// Everything else queued for the silent peer would only wait for
+		// the same timeout again.
+		p.downUntil = time.Now().Add(n.cfg.PeerTimeout)
+		for _, o := range p.dcq.take() {
+			n.finishLocked(p, o, n.downErr(p, err), e)
+		}
+		n.stats.unreachable.Add(1)
+	}
+	n.requeueLocked(p, again)
+	n.kickLocked(p, e)
+}
+
+func (n *Node) downErr(p *peer, lookupErr error) error {
+	if lookupErr != nil {
+		return fmt.Errorf("%w: gid %d: %w", ErrPeerUnreachable, p.gid, lookupErr)
+	}
+	return fmt.Errorf("%w: gid %d did not answer within %v", ErrPeerUnreachable, p.gid, n.cfg.PeerTimeout)
+}

@@ -1,0 +1,173 @@
+// Package qpcore gives a node virtual QPs (VQPs) to any peer in
+// microseconds, KRCORE's core: a VQP is a handle multiplexed on a fixed
+// pool of DC initiators shared by every peer, or on an RC QP built in the
+// background for peers talked to a lot. Requests are checked before they
+// reach a shared QP, a shared QP that fails anyway is recovered without
+// its other users noticing, and a node's memory does not grow with the
+// size of the cluster.
+//
+// qpcore imports only package verbs (and dct, meta's NodeInfo); it runs on
+// any verbs.Device, softnic today.
+//
+// # Quick start
+//
+//	n, err := qpcore.NewNode(dev, resolver, qpcore.Config{GID: 7})
+//	metaClient.Register(n.Info())            // what peers need to reach n
+//	n.Export("mem", buf, verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
+//
+//	v, err := n.Connect(ctx, 12)             // no network traffic if 12 is known
+//	err = v.Read(ctx, dst, "mem", 4096)      // one-sided READ into dst
+//	err = v.Write(ctx, src, "mem", 0)
+//	old, err := v.FetchAdd(ctx, "mem", 8, 1) // 8-byte aligned word
+//	v.Close()
+//
+// The Resolver (the meta client, or a map in tests) maps a gid to the
+// peer's meta.NodeInfo: address, DCT number, DC key, and the rkey and
+// length of its region directory. Connect to a peer the node already
+// knows costs a map lookup (about 0.1 us); to an unknown one, one
+// Resolver.Lookup (one READ of the meta server). Peers with no open VQP
+// are forgotten LRU beyond Config.MaxPeers.
+//
+// # Operations
+//
+// Synchronous: Read, Write, CompareAndSwap, FetchAdd. Asynchronous: Post a
+// batch of WRs, then Wait and Poll for Completions, which come in post
+// order. A batch reaches each QP with one PostSend (one doorbell), and
+// concurrent callers' operations to the same peer are batched the same
+// way. A VQP executes its operations in post order, like a QP, across
+// transport switches and error recovery.
+//
+// Buffers are plain []byte and zero-copy: a READ's response lands in dst
+// and a WRITE is sent from src. qpcore registers a buffer on first use and
+// caches the registration by base address (Config.MemCacheMax entries,
+// LRU; a cached registration keeps its buffer reachable), so a pool of
+// reused buffers (go-fuse's, for example) is registered once. Register
+// registers a buffer for good; any sub-slice of it can then be used. A
+// buffer belongs to the NIC from the call until the operation completes:
+// a synchronous call returns only then, even when ctx is cancelled after
+// the operation reached a QP (cancellation withdraws operations still
+// queued). Atomics' results come back through qpcore's own registered
+// slots.
+//
+// # Regions and the region directory
+//
+// Export registers a buffer and lists it, by name, in the node's region
+// directory: a registered, remotely readable block (DirLen(MaxRegions)
+// bytes, 4 KiB by default) of fixed-size records — name of up to 32 bytes,
+// rkey, length, access flags, owner and mode bits for the filesystem, and
+// a seqlock per record (see regdir.go for the layout). Peers read it with
+// one READ the first time they operate on the node, cache it, and read it
+// again when a NAK says it is stale (invalid rkey, bounds, permission) or
+// when an unknown name is asked for; a READ that caught a record being
+// rewritten is detected by the seqlock and repeated. Unexport removes the
+// record, then deregisters the memory.
+//
+// # Pre-check
+//
+// Every operation is checked before it may reach a QP shared with other
+// VQPs: local buffer length (ErrLocalLength), opcode (ErrOpcode), atomic
+// alignment (ErrAlign), the remote range against the region's length
+// (ErrRemoteBounds) and access flags (ErrRemoteAccess) from the directory,
+// region existence (ErrNoRegion). The rkey is taken from the directory
+// again when the operation is posted, so a region that shrank or vanished
+// meanwhile fails the operation there, still before the QP. Queue
+// capacity: a VQP has at most Config.VQPDepth operations outstanding;
+// Post waits for room, or returns ErrWouldBlock with NoBlock; qpcore
+// never posts more WRs than a QP has free slots (operations wait in
+// software queues instead). Refusals are counted per cause in Stats and
+// never touch a QP. Errors match their errno (errors.Is(err,
+// syscall.ENOENT)), for the filesystem.
+//
+// # The hybrid pool
+//
+// Each node has Config.DCIs DCIs (16 by default; see package dct for why)
+// and one DCT with an SRQ. All operations to one peer share the DCI the
+// arbiter gives that peer while it has work (a DCI serves one target at a
+// time, so sharing one between two busy peers would block one behind the
+// other); the arbiter follows UCX's dcs_quota policy (LIFO stack of free
+// DCIs, release when drained, quota against starvation).
+//
+// A peer with RCThreshold operations within RCWindow is hot: an RC QP to
+// it is built in the background with the connection manager, while its
+// VQPs go on over DC. When it is ready, each VQP moves to it at its next
+// operation, but only once its operations in flight on DC completed: until
+// then new operations are held (the fence), so no operation overtakes an
+// earlier one of the same VQP. At most RCCap RC QPs exist; one idle for
+// RCIdle is torn down, and a new hot peer evicts the least recently used
+// one that has been idle for RCWindow. Teardown drains the QP first and
+// moves its VQPs back to DC through the same fence.
+//
+// # Failures
+//
+// Isolation: when a shared QP errors anyway (a region deregistered
+// between check and execution), every WR on it comes back flushed. qpcore
+// then resets a DCI to RTS (an RC QP is dropped and its operations go to
+// DC), reports the error (a *RemoteError with the NAK's reason) to the
+// erroring operation only, and posts the flushed innocent operations
+// again, in order, after re-reading the directory. Other VQPs see nothing
+// but a short delay. An atomic executed before the error whose response
+// was lost cannot be replayed: it fails with ErrAtomicLost.
+//
+// Staleness: a DC key or unknown-DCT NAK means the peer restarted. The
+// peer's operations are parked, the Resolver entry invalidated and the
+// peer looked up again; then each operation is retried once with the new
+// metadata and directory (ErrStale if that fails too).
+//
+// Dead peers: QPs time out after Config.PeerTimeout (default 1 s: the
+// ACK timeout is PeerTimeout/8 with 7 retries). The peer is looked up
+// again; if it moved (a new incarnation) the operations are retried there,
+// otherwise they and everything queued for the peer fail with
+// ErrPeerUnreachable, and new operations to it fail at once for
+// PeerTimeout. Nothing waits longer than a few timeouts.
+//
+// # Messages
+//
+// Bind(port) returns a Port to Recv from; Send(ctx, gid, port, msg)
+// delivers one message. Messages below Config.MsgThreshold (64 KiB) are
+// SENT through a bounce buffer into one of the receiver's RecvBuffers
+// posted buffers and copied out by Recv (2 copies per byte, counted);
+// larger ones use a zero-copy rendezvous: the receiver READs them straight
+// from the sender's buffer into its own (0 copies). A receiver out of
+// buffers makes senders retry (RNR) until MsgTimeout. See msg.go.
+//
+// # Memory
+//
+// A node's footprint is the DCI pool, the RC pool (RCCap), the receive and
+// bounce buffers, the peer table (MaxPeers) and the registration cache
+// (MemCacheMax), all bounded by configuration and independent of the
+// number of nodes in the cluster: about 10 MiB of heap with the defaults,
+// 10,000 peers known and 1,000 VQPs open (BenchmarkQPCoreMemory).
+//
+// # Concurrency and locks
+//
+// Node, VQP and Port methods may be called from any goroutine. Locks, in
+// the order they may nest:
+//
+//	Node.pollMu  serializes send completion processing
+//	Node.mu      the peer table and LRU
+//	peer.mu      everything of one peer: metadata, directory cache, queues,
+//	             its DCI and RC connection, and its VQPs' routing state
+//	Node.dcMu    the DCI arbiter and DCI handovers (peer.grant)
+//	Node.rcMu    the RC pool's accounting
+//	VQP.mu       a VQP's admission count and completions
+//	memCache.mu  registrations
+//
+// Two peers' locks are never held together; work that concerns another
+// peer, results to deliver and QPs to destroy are collected while a lock
+// is held and done after it is released. Node.passiveMu is taken by the
+// device's receive goroutine (accepting RC connections) and is never held
+// across a device call that waits for that goroutine.
+//
+// A dispatcher goroutine per node processes completions and does the
+// housekeeping (RC idle teardown, passive QP reclaim); goroutines waiting
+// for an operation help by polling the send CQ themselves, saving a
+// wake-up.
+//
+// # Counters
+//
+// Node.Stats reports connects (hits, misses), WRs and doorbells per
+// transport, fences and switches, DCI waits and yields, pre-check
+// refusals by cause, QP errors and recoveries, re-posted WRs, re-lookups,
+// RC connections, evictions and teardowns, directory reads, and message
+// bytes delivered and copied per path. Node.Peer describes one peer.
+package qpcore

@@ -1,0 +1,549 @@
+package qpcore
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/krfs/krfs/verbs"
+)
+
+// Two-sided messaging. A node binds ports and receives messages on them;
+// any node sends to (gid, port). Messages travel as SENDs to the
+// receiver's DCT (its SRQ holds RecvBuffers posted buffers of
+// MsgThreshold bytes plus a header):
+//
+//   - small (shorter than MsgThreshold): the sender copies header and
+//     payload into a registered bounce buffer and SENDs it; the receiver's
+//     NIC places it in a posted buffer, and Recv copies it into the
+//     caller's buffer and posts the buffer again. Two copies per byte.
+//   - large (MsgThreshold or more), zero-copy rendezvous: the sender
+//     registers the caller's buffer as a temporary remotely-readable MR and
+//     SENDs only a header (RTS: length, rkey, token); Recv READs the
+//     message straight into the caller's buffer and SENDs a FIN back; the
+//     sender then deregisters the MR and returns. No copy by krfs.
+//
+// A receiver that posted no buffer answers with RNR NAKs; the sender's
+// DCI retries, then qpcore retries after a backoff until MsgTimeout.
+// Messages from one sender to one port arrive in order.
+//
+// Header (40 bytes, little endian): magic u16, kind u8, status u8, port
+// u32, source gid u32, rkey u32, length u64, token u64, incarnation u64.
+
+const (
+	msgMagic  = 0x4d4b
+	msgHdrLen = 40
+
+	msgData = 1
+	msgRTS  = 2
+	msgFIN  = 3
+
+	finOK     = 0
+	finNoPort = 1
+	finFailed = 2
+)
+
+type msgHdr struct {
+	kind, status uint8
+	port, src    uint32
+	rkey         uint32
+	length       uint64
+	token        uint64
+	inc          uint64
+}
+
+func (h *msgHdr) put(b []byte) {
+	binary.LittleEndian.PutUint16(b[0:], msgMagic)
+	b[2], b[3] = h.kind, h.status
+	binary.LittleEndian.PutUint32(b[4:], h.port)
+	binary.LittleEndian.PutUint32(b[8:], h.src)
+	binary.LittleEndian.PutUint32(b[12:], h.rkey)
+	binary.LittleEndian.PutUint64(b[16:], h.length)
+	binary.LittleEndian.PutUint64(b[24:], h.token)
+	binary.LittleEndian.PutUint64(b[32:], h.inc)
+}
+
+func parseMsgHdr(b []byte) (msgHdr, bool) {
+	if len(b) < msgHdrLen || binary.LittleEndian.Uint16(b) != msgMagic {
+		return msgHdr{}, false
+	}
+	h := msgHdr{kind: b[2], status: b[3], port: binary.LittleEndian.Uint32(b[4:]),
+		src: binary.LittleEndian.Uint32(b[8:]), rkey: binary.LittleEndian.Uint32(b[12:]),
+		length: binary.LittleEndian.Uint64(b[16:]), token: binary.LittleEndian.Uint64(b[24:]),
+		inc: binary.LittleEndian.Uint64(b[32:])}
+	return h, h.kind >= msgData && h.kind <= msgFIN
+}
+
+type bounceBuf struct {
+	buf []byte
+	mr  verbs.MR
+}
+
+// msgState is a node's messaging side.
+type msgState struct {
+	n       *Node
+	bufSize int
+	rbuf    []byte // RecvBuffers receive buffers of bufSize bytes
+	rmr     verbs.MR
+	bounce  chan *bounceBuf
+
+	mu      sync.Mutex // guards the fields below
+	ports   map[uint32]*Port
+	rdv     map[uint64]chan uint8 // rendezvous sends waiting for their FIN
+	token   uint64
+	bounces []*bounceBuf
+	closed  bool
+}
+
+func (m *msgState) init(n *Node) error {
+	m.n = n
+	m.bufSize = n.cfg.MsgThreshold + msgHdrLen
+	m.ports = make(map[uint32]*Port)
+	m.rdv = make(map[uint64]chan uint8)
+	m.bounce = make(chan *bounceBuf, n.cfg.SendBuffers)
+	m.rbuf = make([]byte, n.cfg.RecvBuffers*m.bufSize)
+	mr, err := n.pd.RegMR(m.rbuf, verbs.AccessLocalWrite)
+	if err != nil {
+		return fmt.Errorf("qpcore: registering receive buffers: %w", err)
+	}
+	m.rmr = mr
+	wrs := make([]verbs.RecvWR, n.cfg.RecvBuffers)
+	for i := range wrs {
+		wrs[i] = m.recvWR(i)
+	}
+	if err := n.target.SRQ().PostRecv(wrs); err != nil {
+		return fmt.Errorf("qpcore: posting receive buffers: %w", err)
+	}
+	return nil
+}
+
+func (m *msgState) recvWR(i int) verbs.RecvWR {
+	return verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: m.rmr, Offset: uint64(i * m.bufSize), Length: uint32(m.bufSize)}}
+}
+
+func (m *msgState) repost(i int) {
+	if err := m.n.target.SRQ().PostRecv([]verbs.RecvWR{m.recvWR(i)}); err != nil {
+		m.n.stats.msgRepostErrors.Add(1)
+	}
+}
+
+func (m *msgState) close() {
+	m.mu.Lock()
+	m.closed = true
+	ports := m.ports
+	m.ports = map[uint32]*Port{}
+	bs := m.bounces
+	m.bounces = nil
+	m.mu.Unlock()
+	for _, pt := range ports {
+		pt.mu.Lock()
+		pt.closed = true
+		pt.q = nil
+		pt.mu.Unlock()
+		pt.wake()
+	}
+	for _, b := range bs {
+		b.mr.Dereg()
+	}
+	if m.rmr != nil {
+		m.rmr.Dereg()
+	}
+}
+
+func (m *msgState) getBounce(ctx context.Context) (*bounceBuf, error) {
+	select {
+	case b := <-m.bounce:
+		return b, nil
+	default:
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if len(m.bounces) < cap(m.bounce) {
+		b := &bounceBuf{buf: make([]byte, m.bufSize)}
+		mr, err := m.n.pd.RegMR(b.buf, verbs.AccessLocalWrite)
+		if err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+		b.mr = mr
+		m.bounces = append(m.bounces, b)
+		m.mu.Unlock()
+		return b, nil
+	}
+	m.mu.Unlock()
+	select {
+	case b := <-m.bounce:
+		return b, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Message describes a received message.
+type Message struct {
+	From     uint32 // sender's gid
+	Len      int
+	ZeroCopy bool // pulled by rendezvous straight into the buffer
+}
+
+// inMsg is a message waiting on a port: in receive buffer buf (small), or
+// announced by an RTS (large).
+type inMsg struct {
+	kind  uint8
+	from  uint32
+	n     int
+	buf   int
+	rkey  uint32
+	token uint64
+}
+
+// Port is a bound receive port.
+type Port struct {
+	n   *Node
+	num uint32
+
+	mu     sync.Mutex // guards q and closed
+	q      []inMsg
+	closed bool
+	notify chan struct{}
+}
+
+// Bind opens receive port num.
+func (n *Node) Bind(num uint32) (*Port, error) {
+	m := &n.msg
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	if _, dup := m.ports[num]; dup {
+		return nil, fmt.Errorf("%w: %d", ErrPortInUse, num)
+	}
+	pt := &Port{n: n, num: num, notify: make(chan struct{}, 1)}
+	m.ports[num] = pt
+	return pt, nil
+}
+
+// Ports lists the bound ports.
+func (n *Node) Ports() []uint32 {
+	m := &n.msg
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]uint32, 0, len(m.ports))
+	for k := range m.ports {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// Num is the port number.
+func (pt *Port) Num() uint32 { return pt.num }
+
+func (pt *Port) wake() {
+	select {
+	case pt.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Recv waits for the next message and places it in dst. A message longer
+// than dst is not consumed: Recv returns ErrShortBuffer with its length in
+// Message.Len. Large messages are READ straight into dst.
+func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
+	n := pt.n
+	for {
+		pt.mu.Lock()
+		if len(pt.q) > 0 {
+			im := pt.q[0]
+			if im.n > len(dst) {
+				pt.mu.Unlock()
+				return Message{From: im.from, Len: im.n}, fmt.Errorf("%w: %d bytes", ErrShortBuffer, im.n)
+			}
+			pt.q = pt.q[1:]
+			more := len(pt.q) > 0
+			pt.mu.Unlock()
+			if more {
+				pt.wake()
+			}
+			if im.kind == msgData {
+				off := im.buf*n.msg.bufSize + msgHdrLen
+				copy(dst, n.msg.rbuf[off:off+im.n])
+				n.msg.repost(im.buf)
+				n.stats.msgSmallBytes.Add(uint64(im.n))
+				n.stats.msgSmallCopied.Add(uint64(im.n))
+				n.stats.msgRecv.Add(1)
+				return Message{From: im.from, Len: im.n}, nil
+			}
+			err := n.pull(ctx, &im, dst[:im.n])
+			return Message{From: im.from, Len: im.n, ZeroCopy: true}, err
+		}
+		if pt.closed {
+			pt.mu.Unlock()
+			return Message{}, ErrClosed
+		}
+		pt.mu.Unlock()
+		select {
+		case <-pt.notify:
+		case <-ctx.Done():
+			return Message{}, ctx.Err()
+		}
+	}
+}
+
+// Close unbinds the port; queued messages are dropped (rendezvous senders
+// learn it at once).
+func (pt *Port) Close() error {
+	n := pt.n
+	n.msg.mu.Lock()
+	if n.msg.ports[pt.num] == pt {
+		delete(n.msg.ports, pt.num)
+	}
+	n.msg.mu.Unlock()
+	pt.mu.Lock()
+	if pt.closed {
+		pt.mu.Unlock()
+		return ErrClosed
+	}
+	pt.closed = true
+	q := pt.q
+	pt.q = nil
+	pt.mu.Unlock()
+	pt.wake()
+	for _, im := range q {
+		n.dropMsg(&im)
+	}
+	return nil
+}
+
+func (n *Node) dropMsg(im *inMsg) {
+	n.stats.msgDropped.Add(1)
+	if im.kind == msgData {
+		n.msg.repost(im.buf)
+		return
+	}
+	from, token := im.from, im.token
+	n.goSafe(func() { n.sendFIN(from, token, finNoPort) })
+}
+
+// pollRecv processes receive completions (dispatcher goroutine).
+func (n *Node) pollRecv() {
+	for {
+		k := n.rcq.Poll(n.rwcs[:])
+		if k == 0 {
+			return
+		}
+		for i := range k {
+			n.onRecv(&n.rwcs[i])
+		}
+	}
+}
+
+func (n *Node) onRecv(wc *verbs.WC) {
+	m := &n.msg
+	i := int(wc.ID)
+	if i < 0 || i >= n.cfg.RecvBuffers {
+		return
+	}
+	if wc.Status != verbs.StatusSuccess {
+		if wc.Status != verbs.StatusWRFlushErr {
+			n.stats.msgMalformed.Add(1)
+			m.repost(i)
+		}
+		return
+	}
+	b := m.rbuf[i*m.bufSize:][:min(int(wc.ByteLen), m.bufSize)]
+	h, ok := parseMsgHdr(b)
+	if !ok || (h.kind == msgData && uint64(len(b)-msgHdrLen) != h.length) {
+		n.stats.msgMalformed.Add(1)
+		m.repost(i)
+		return
+	}
+	if h.kind == msgFIN {
+		m.repost(i)
+		m.mu.Lock()
+		ch := m.rdv[h.token]
+		m.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- h.status:
+			default:
+			}
+		}
+		return
+	}
+	im := inMsg{kind: h.kind, from: h.src, n: int(h.length), buf: i, rkey: h.rkey, token: h.token}
+	if h.kind == msgRTS {
+		m.repost(i)
+		im.buf = -1
+	}
+	m.mu.Lock()
+	pt := m.ports[h.port]
+	m.mu.Unlock()
+	if pt != nil {
+		pt.mu.Lock()
+		if !pt.closed {
+			pt.q = append(pt.q, im)
+			pt.mu.Unlock()
+			pt.wake()
+			return
+		}
+		pt.mu.Unlock()
+	}
+	n.dropMsg(&im)
+}
+
+// Send sends msg to port on peer gid and returns once it was delivered
+// (small: the receiver's NIC acknowledged it; large: the receiver pulled
+// it). It fails with ErrNoPort if the port is not bound when a large
+// message arrives; small messages to unbound ports are dropped by the
+// receiver.
+func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) error {
+	p, err := n.peerRef(ctx, gid)
+	if err != nil {
+		return err
+	}
+	defer n.unref(p)
+	h := msgHdr{port: port, src: n.gid.Load(), length: uint64(len(msg)), inc: n.incarnation}
+	if len(msg) < n.cfg.MsgThreshold {
+		h.kind = msgData
+		if err := n.sendSmall(ctx, p, &h, msg); err != nil {
+			return err
+		}
+		n.stats.msgSent.Add(1)
+		return nil
+	}
+	mr, err := n.pd.RegMR(msg, verbs.AccessRemoteRead)
+	if err != nil {
+		return fmt.Errorf("qpcore: exposing a message: %w", err)
+	}
+	defer mr.Dereg()
+	ch := make(chan uint8, 1)
+	n.msg.mu.Lock()
+	n.msg.token++
+	tok := n.msg.token
+	n.msg.rdv[tok] = ch
+	n.msg.mu.Unlock()
+	defer func() {
+		n.msg.mu.Lock()
+		delete(n.msg.rdv, tok)
+		n.msg.mu.Unlock()
+	}()
+	h.kind, h.rkey, h.token = msgRTS, mr.RKey(), tok
+	if err := n.sendSmall(ctx, p, &h, nil); err != nil {
+		return err
+	}
+	t := time.NewTimer(n.cfg.MsgTimeout)
+	defer t.Stop()
+	select {
+	case st := <-ch:
+		switch st {
+		case finOK:
+			n.stats.msgSent.Add(1)
+			n.stats.msgRendezvous.Add(1)
+			return nil
+		case finNoPort:
+			return fmt.Errorf("%w: %d on gid %d", ErrNoPort, port, gid)
+		default:
+			return fmt.Errorf("%w: the receiver could not pull the message", ErrRemote)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return fmt.Errorf("%w: receiver did not pull the message within %v", ErrTimeout, n.cfg.MsgTimeout)
+	}
+}
+
+// sendSmall SENDs header h and payload through a bounce buffer.
+func (n *Node) sendSmall(ctx context.Context, p *peer, h *msgHdr, payload []byte) error {
+	b, err := n.msg.getBounce(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { n.msg.bounce <- b }()
+	h.put(b.buf)
+	copy(b.buf[msgHdrLen:], payload)
+	n.stats.msgSmallCopied.Add(uint64(len(payload)))
+	o := newOp()
+	o.v, o.p, o.code, o.sys = p.sys, p, opSend, true
+	o.local, o.lmr = b.buf[:msgHdrLen+len(payload)], b.mr
+	o.deadline = time.Now().Add(n.cfg.MsgTimeout)
+	o.done = make(chan struct{}, 1)
+	if err := n.postSys(p, o); err != nil {
+		return err
+	}
+	n.wait(ctx, o)
+	return o.err
+}
+
+// pull READs a rendezvous message into dst and tells the sender.
+func (n *Node) pull(ctx context.Context, im *inMsg, dst []byte) error {
+	p, err := n.peerRef(ctx, im.from)
+	if err != nil {
+		return err
+	}
+	defer n.unref(p)
+	me, off, err := n.mem.get(dst)
+	if err != nil {
+		return err
+	}
+	o := newOp()
+	o.v, o.p, o.code, o.sys = p.sys, p, opRawRead, true
+	o.local, o.mem, o.lmr, o.loff, o.rkey = dst, me, me.mr, off, im.rkey
+	o.done = make(chan struct{}, 1)
+	if err := n.postSys(p, o); err != nil {
+		n.mem.put(me)
+		return err
+	}
+	n.wait(ctx, o)
+	st := uint8(finOK)
+	if o.err != nil {
+		st = finFailed
+	} else {
+		n.stats.msgLargeBytes.Add(uint64(len(dst)))
+		n.stats.msgRecv.Add(1)
+	}
+	fin := msgHdr{kind: msgFIN, status: st, src: n.gid.Load(), token: im.token, inc: n.incarnation}
+	if err := n.sendSmall(context.WithoutCancel(ctx), p, &fin, nil); err != nil {
+		n.stats.msgFINErrors.Add(1)
+	}
+	return o.err
+}
+
+// sendFIN tells a rendezvous sender the outcome (goroutine).
+func (n *Node) sendFIN(gid uint32, token uint64, status uint8) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.PeerTimeout)
+	defer cancel()
+	p, err := n.peerRef(ctx, gid)
+	if err != nil {
+		return
+	}
+	defer n.unref(p)
+	fin := msgHdr{kind: msgFIN, status: status, src: n.gid.Load(), token: token, inc: n.incarnation}
+	if n.sendSmall(ctx, p, &fin, nil) != nil {
+		n.stats.msgFINErrors.Add(1)
+	}
+}
+
+// postSys enqueues an internal op on p's DC queue.
+func (n *Node) postSys(p *peer, o *op) error {
+	e := newEffects()
+	p.mu.Lock()
+	if err := n.usableLocked(p); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	n.ops.add(o)
+	p.active++
+	n.queueLocked(p, o, DC)
+	n.kickLocked(p, e)
+	p.mu.Unlock()
+	n.apply(e)
+	return nil
+}

@@ -1,0 +1,351 @@
+package qpcore
+
+import (
+	"container/list"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/krfs/krfs/dct"
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/verbs"
+)
+
+// Node is one krfs node's view of the RDMA fabric: its DCI pool and DCT,
+// its RC pool, the peers it talks to, its region directory and its message
+// ports. Its methods may be called concurrently.
+type Node struct {
+	cfg         Config
+	dev         verbs.Device
+	res         Resolver
+	pd          verbs.PD
+	scq         verbs.CQ // send completions of every DCI and RC QP
+	rcq         verbs.CQ // receive completions (DCT/SRQ and passive RC QPs)
+	target      *dct.Target
+	pool        *dct.Pool
+	dcis        []*dciSlot
+	dir         *regionDir
+	mem         *memCache
+	sinks       sinkPool
+	ops         opTable
+	msg         msgState
+	incarnation uint64
+	gid         atomic.Uint32
+	ackTimeout  time.Duration
+
+	mu     sync.Mutex // guards peers, lru, closed
+	peers  map[uint32]*peer
+	lru    list.List // of *peer, front = most recently connected
+	closed bool
+
+	dcMu sync.Mutex // guards arb and every peer.grant
+	arb  *dct.Arbiter[*peer]
+
+	rcMu    sync.Mutex // guards rcCount and rcConns
+	rcCount int        // RC QPs reserved: connecting, ready or draining
+	rcConns []*rcConn  // ready or draining
+
+	// passiveMu guards passive. The device's receive goroutine takes it
+	// (accept), so it is never held while calling a device function that
+	// waits for the receive path (QP.Destroy, MR.Dereg).
+	passiveMu sync.Mutex
+	passive   map[verbs.QP]*passiveRC
+
+	pollMu sync.Mutex // serializes send completion processing; guards wcs
+	wcs    [64]verbs.WC
+	rwcs   [64]verbs.WC // used by the dispatcher goroutine only
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	stats  counters
+}
+
+// rcService is the connection-manager service qpcore's RC QPs connect to.
+const rcService = 0x4b524301
+
+// NewNode builds a node on dev: a DCT with its SRQ, cfg.DCIs DCIs, the
+// region directory, posted receive buffers, and the connection-manager
+// listener for RC QPs. res resolves peers. The caller keeps ownership of
+// dev and closes it after Node.Close.
+func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
+	if dev == nil || res == nil {
+		return nil, fmt.Errorf("%w: NewNode needs a device and a resolver", verbs.ErrInvalidArg)
+	}
+	cfg.setDefaults()
+	n := &Node{cfg: cfg, dev: dev, res: res, peers: make(map[uint32]*peer),
+		passive: make(map[verbs.QP]*passiveRC), stop: make(chan struct{})}
+	n.ops.m = make(map[uint64]*op)
+	n.incarnation = cfg.Incarnation
+	for n.incarnation == 0 {
+		n.incarnation = dct.NewKey()
+	}
+	n.gid.Store(cfg.GID)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.ackTimeout = dct.AckTimeout(cfg.PeerTimeout, dct.DefaultRetryCnt)
+	ok := false
+	defer func() {
+		if !ok {
+			n.teardown()
+		}
+	}()
+	var err error
+	if n.pd, err = dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	sdepth := cfg.DCIs*cfg.DCIDepth + cfg.RCCap*cfg.RCDepth + 64
+	if n.scq, err = dev.CreateCQ(sdepth); err != nil {
+		return nil, err
+	}
+	if n.rcq, err = dev.CreateCQ(cfg.RecvBuffers + 64); err != nil {
+		return nil, err
+	}
+	if n.target, err = dct.NewTarget(n.pd, n.rcq, dct.TargetConfig{SRQDepth: cfg.RecvBuffers}); err != nil {
+		return nil, err
+	}
+	if n.pool, err = dct.NewPool(n.pd, n.scq, dct.PoolConfig{DCIs: cfg.DCIs, Depth: cfg.DCIDepth, PeerTimeout: cfg.PeerTimeout}); err != nil {
+		return nil, err
+	}
+	for i := range n.pool.Len() {
+		n.dcis = append(n.dcis, &dciSlot{idx: i, qp: n.pool.QP(i)})
+	}
+	n.arb = dct.NewArbiter[*peer](n.pool.Len(), cfg.DCIQuota)
+	var sync func()
+	if s, ok := dev.(interface{ SyncMemory() }); ok {
+		sync = s.SyncMemory
+	}
+	if n.dir, err = newRegionDir(n.pd, cfg.MaxRegions, n.incarnation, sync); err != nil {
+		return nil, err
+	}
+	n.mem = newMemCache(n.pd, cfg.MemCacheMax)
+	n.sinks.pd = n.pd
+	if err = n.msg.init(n); err != nil {
+		return nil, err
+	}
+	if err = dev.ListenRC(rcService, n.accept); err != nil {
+		return nil, fmt.Errorf("qpcore: RC listener: %w", err)
+	}
+	ok = true
+	n.wg.Add(1)
+	go n.run()
+	return n, nil
+}
+
+// Info is the metadata peers need to reach this node; register it with
+// the meta service.
+func (n *Node) Info() meta.NodeInfo {
+	return meta.NodeInfo{
+		GID:         n.gid.Load(),
+		Incarnation: n.incarnation,
+		Addr:        n.dev.Addr(),
+		DCTN:        n.target.DCTN(),
+		DCKey:       n.target.Key(),
+		DirRKey:     n.dir.rkey,
+		DirLen:      uint32(len(n.dir.buf)),
+	}
+}
+
+// SetGID sets this node's gid (for example once the meta service assigned
+// it).
+func (n *Node) SetGID(gid uint32) { n.gid.Store(gid) }
+
+// GID is this node's gid.
+func (n *Node) GID() uint32 { return n.gid.Load() }
+
+// Config is the node's configuration with defaults applied.
+func (n *Node) Config() Config { return n.cfg }
+
+// Export registers buf as a region peers can reach under name with the
+// given remote access (verbs.AccessRemoteRead, ...Write, ...Atomic), and
+// lists it in the region directory. The caller keeps buf and must call
+// SyncMemory-style barriers of its device as usual.
+func (n *Node) Export(name string, buf []byte, access verbs.Access) (Region, error) {
+	return n.dir.export(name, buf, access, 0o600, 0, 0)
+}
+
+// SetOwner changes the owner and permission bits listed for a region.
+func (n *Node) SetOwner(name string, mode, uid, gid uint32) (Region, error) {
+	return n.dir.setOwner(name, mode, uid, gid)
+}
+
+// Unexport removes a region from the directory and deregisters it: peers
+// that still use its rkey get a remote access error.
+func (n *Node) Unexport(name string) error { return n.dir.unexport(name) }
+
+// Regions lists the regions this node exports.
+func (n *Node) Regions() []Region { return n.dir.list() }
+
+// Local returns the memory and the record of a region this node exports.
+func (n *Node) Local(name string) ([]byte, Region, bool) {
+	e, ok := n.dir.lookup(name)
+	if !ok {
+		return nil, Region{}, false
+	}
+	return e.mr.Buf(), e.Region, true
+}
+
+// Register registers buf for local use by operations, so that they do not
+// register it on first use. Registered buffers must not overlap; a
+// sub-slice of one may be passed to any operation.
+func (n *Node) Register(buf []byte) error { return n.mem.register(buf) }
+
+// Unregister removes a registration made by Register, once operations
+// using it completed.
+func (n *Node) Unregister(buf []byte) error { return n.mem.unregister(buf) }
+
+// Close stops the node: every QP is destroyed, operations not completed
+// fail with ErrClosed, regions are deregistered. The device stays open.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return ErrClosed
+	}
+	n.closed = true
+	_ = n.dev.StopListenRC(rcService)
+	peers := make([]*peer, 0, len(n.peers))
+	for _, p := range n.peers {
+		peers = append(peers, p)
+	}
+	n.mu.Unlock()
+	n.cancel()
+	close(n.stop)
+	for _, p := range peers {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+	}
+	n.wg.Wait()
+	err := n.teardown()
+	e := newEffects()
+	for _, o := range n.ops.all() {
+		p := o.p
+		p.mu.Lock()
+		if o.state != opDone {
+			n.finishLocked(p, o, ErrClosed, e)
+		}
+		p.mu.Unlock()
+	}
+	n.apply(e)
+	n.msg.close()
+	n.mem.close()
+	n.sinks.close()
+	return err
+}
+
+// teardown destroys the node's verbs objects.
+func (n *Node) teardown() error {
+	var errs []error
+	keep := func(err error) {
+		if err != nil && !errors.Is(err, verbs.ErrDestroyed) && !errors.Is(err, verbs.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if n.pool != nil {
+		keep(n.pool.Close())
+	}
+	n.rcMu.Lock()
+	conns := n.rcConns
+	n.rcConns = nil
+	n.rcMu.Unlock()
+	for _, c := range conns {
+		keep(c.qp.Destroy())
+	}
+	// verbs cannot unregister a CM listener: a nil map makes accept
+	// refuse from now on.
+	n.passiveMu.Lock()
+	pas := n.passive
+	n.passive = nil
+	n.passiveMu.Unlock()
+	for q := range pas {
+		keep(q.Destroy())
+	}
+	if n.target != nil {
+		keep(n.target.Close())
+	}
+	if n.dir != nil {
+		keep(n.dir.close())
+	}
+	if n.scq != nil {
+		keep(n.scq.Destroy())
+	}
+	if n.rcq != nil {
+		keep(n.rcq.Destroy())
+	}
+	return errors.Join(errs...)
+}
+
+// goSafe runs f in a goroutine the node waits for on Close, unless the
+// node is closed.
+func (n *Node) goSafe(f func()) bool {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return false
+	}
+	n.wg.Add(1)
+	n.mu.Unlock()
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (n *Node) isClosed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.closed
+}
+
+// run is the dispatcher: it processes completions nobody else is waiting
+// for and does the housekeeping.
+func (n *Node) run() {
+	defer n.wg.Done()
+	tick := time.NewTicker(n.cfg.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.scq.Notify():
+			n.pollSend(-1)
+		case <-n.rcq.Notify():
+			n.pollRecv()
+		case <-tick.C:
+			n.housekeep()
+		}
+	}
+}
+
+func (n *Node) housekeep() {
+	now := time.Now()
+	n.rcMu.Lock()
+	var idle []*rcConn
+	for _, c := range n.rcConns {
+		if now.Sub(time.Unix(0, c.lastUsed.Load())) > n.cfg.RCIdle {
+			idle = append(idle, c)
+		}
+	}
+	n.rcMu.Unlock()
+	for _, c := range idle {
+		if n.drainRC(c) {
+			n.stats.rcIdle.Add(1)
+		}
+	}
+	n.reclaimPassive(now)
+}
+
+// encodeRCPrivate is the private data of an RC connection request: the
+// initiator's gid and the incarnation of the target it expects.
+func encodeRCPrivate(gid uint32, targetInc uint64) []byte {
+	b := make([]byte, 12)
+	binary.LittleEndian.PutUint32(b, gid)
+	binary.LittleEndian.PutUint64(b[4:], targetInc)
+	return b
+}

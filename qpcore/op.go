@@ -1,0 +1,301 @@
+package qpcore
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/krfs/krfs/verbs"
+)
+
+// OpCode is a VQP operation.
+type OpCode uint8
+
+const (
+	OpRead OpCode = iota + 1
+	OpWrite
+	OpCompareAndSwap
+	OpFetchAdd
+	// Internal operations, never accepted from callers.
+	opRawRead // READ by rkey, bounds known (directory, rendezvous)
+	opSend    // two-sided SEND of a message
+)
+
+func (o OpCode) String() string {
+	switch o {
+	case OpRead:
+		return "READ"
+	case OpWrite:
+		return "WRITE"
+	case OpCompareAndSwap:
+		return "CMP_SWAP"
+	case OpFetchAdd:
+		return "FETCH_ADD"
+	case opRawRead:
+		return "RAW_READ"
+	case opSend:
+		return "SEND"
+	}
+	return fmt.Sprintf("OpCode(%d)", uint8(o))
+}
+
+func (o OpCode) verb() verbs.Opcode {
+	switch o {
+	case OpRead, opRawRead:
+		return verbs.OpRead
+	case OpWrite:
+		return verbs.OpWrite
+	case OpCompareAndSwap:
+		return verbs.OpCmpSwap
+	case OpFetchAdd:
+		return verbs.OpFetchAdd
+	case opSend:
+		return verbs.OpSend
+	}
+	return 0
+}
+
+func (o OpCode) atomic() bool { return o == OpCompareAndSwap || o == OpFetchAdd }
+
+// Transport is what a VQP's operations travel on.
+type Transport uint8
+
+const (
+	DC Transport = iota // a shared DCI of the pool
+	RC                  // the peer's RC QP
+)
+
+func (t Transport) String() string {
+	switch t {
+	case DC:
+		return "dc"
+	case RC:
+		return "rc"
+	}
+	return fmt.Sprintf("Transport(%d)", uint8(t))
+}
+
+// opState is where an operation is. Transitions:
+//
+//	        enqueue               kick: PostSend          success / final error
+//	new ---------------> queued ----------------> posted ----------------------> done
+//	 |                    ^  ^                      |
+//	 | fence              |  +---- requeue ---------+ flushed innocent, retry
+//	 v                    |                         |
+//	held ---- settle -----+                         +--> stalled --(re-lookup / RNR backoff)--> queued
+//
+// queued and held operations may also end (done) on cancellation or on a
+// peer found unreachable; stalled ones end when their retry is used up.
+type opState uint8
+
+// opNext lists the allowed transitions.
+var opNext = [...][]opState{
+	opNew:     {opHeld, opQueued, opDone},
+	opHeld:    {opQueued, opDone},
+	opQueued:  {opPosted, opDone},
+	opPosted:  {opStalled, opDone},
+	opStalled: {opQueued, opStalled, opDone},
+	opDone:    nil,
+}
+
+// setState moves o to state to; a transition the diagram does not allow is
+// a bug and panics.
+func (o *op) setState(to opState) {
+	for _, s := range opNext[o.state] {
+		if s == to {
+			o.state = to
+			return
+		}
+	}
+	panic(fmt.Sprintf("qpcore: %v op %d: %v -> %v", o.code, o.id, o.state, to))
+}
+
+const (
+	opNew opState = iota
+	opHeld
+	opQueued
+	opPosted
+	opStalled
+	opDone
+)
+
+func (s opState) String() string {
+	switch s {
+	case opNew:
+		return "new"
+	case opHeld:
+		return "held"
+	case opQueued:
+		return "queued"
+	case opPosted:
+		return "posted"
+	case opStalled:
+		return "stalled"
+	case opDone:
+		return "done"
+	}
+	return fmt.Sprintf("opState(%d)", uint8(s))
+}
+
+// op is one operation of a VQP. Fields set at creation are immutable;
+// the rest is guarded by the peer's mu until the op is done, when its
+// result fields belong to whoever waits for it.
+type op struct {
+	id   uint64
+	v    *VQP
+	p    *peer
+	code OpCode
+	sys  bool // internal: needs no region directory
+
+	local  []byte
+	mem    *memEntry
+	lmr    verbs.MR // the MR behind local (from mem, or made for this op)
+	tmp    bool     // lmr was registered for this op alone: deregister when done
+	loff   uint64
+	sink   int32 // atomics: slot in the sink pool, -1 if none
+	region string
+	rkey   uint32 // raw ops; user ops resolve it from the directory at post time
+	off    uint64
+	cmp    uint64
+	swp    uint64
+
+	userID   uint64
+	seq      uint64 // async: position among the VQP's async ops
+	async    bool
+	deadline time.Time // SEND: give up RNR retries after it
+	onDone   func(*op) // internal completion hook, run with no lock held
+
+	state   opState
+	route   Transport
+	dci     *dciSlot // what it is posted on
+	rc      *rcConn
+	retries int // re-lookups spent on it
+
+	done chan struct{} // sync ops: receives one value when done
+	err  error
+	old  uint64
+}
+
+func (o *op) length() int {
+	if o.code.atomic() {
+		return verbs.AtomicSize
+	}
+	return len(o.local)
+}
+
+func newOp() *op { return &op{sink: -1} }
+
+// opQueue is a FIFO of ops.
+type opQueue struct {
+	q    []*op
+	head int
+}
+
+func (q *opQueue) len() int { return len(q.q) - q.head }
+
+func (q *opQueue) push(o *op) { q.q = append(q.q, o) }
+
+// pushFront puts ops, in order, before everything queued.
+func (q *opQueue) pushFront(ops []*op) {
+	if len(ops) == 0 {
+		return
+	}
+	rest := q.q[q.head:]
+	nq := make([]*op, 0, len(ops)+len(rest))
+	nq = append(nq, ops...)
+	nq = append(nq, rest...)
+	q.q, q.head = nq, 0
+}
+
+func (q *opQueue) at(i int) *op { return q.q[q.head+i] }
+
+// drop removes the first n ops.
+func (q *opQueue) drop(n int) {
+	clear(q.q[q.head : q.head+n])
+	q.head += n
+	if q.head == len(q.q) {
+		q.q, q.head = q.q[:0], 0
+	} else if q.head > 64 && q.head*2 > len(q.q) {
+		k := copy(q.q, q.q[q.head:])
+		clear(q.q[k:])
+		q.q, q.head = q.q[:k], 0
+	}
+}
+
+// take removes and returns everything.
+func (q *opQueue) take() []*op {
+	out := append([]*op(nil), q.q[q.head:]...)
+	clear(q.q)
+	q.q, q.head = q.q[:0], 0
+	return out
+}
+
+// remove deletes o; it reports whether o was there.
+func (q *opQueue) remove(o *op) bool {
+	for i := q.head; i < len(q.q); i++ {
+		if q.q[i] == o {
+			copy(q.q[i:], q.q[i+1:])
+			q.q[len(q.q)-1] = nil
+			q.q = q.q[:len(q.q)-1]
+			return true
+		}
+	}
+	return false
+}
+
+// filter keeps the ops for which keep returns true, in order, and
+// returns the others in order.
+func (q *opQueue) filter(keep func(*op) bool) []*op {
+	var out []*op
+	k := q.head
+	for i := q.head; i < len(q.q); i++ {
+		o := q.q[i]
+		if keep(o) {
+			q.q[k] = o
+			k++
+		} else {
+			out = append(out, o)
+		}
+	}
+	clear(q.q[k:])
+	q.q = q.q[:k]
+	return out
+}
+
+// opTable maps WR IDs to ops.
+type opTable struct {
+	mu   sync.Mutex // guards m and next
+	m    map[uint64]*op
+	next uint64
+}
+
+func (t *opTable) add(o *op) {
+	t.mu.Lock()
+	t.next++
+	o.id = t.next
+	t.m[o.id] = o
+	t.mu.Unlock()
+}
+
+func (t *opTable) get(id uint64) *op {
+	t.mu.Lock()
+	o := t.m[id]
+	t.mu.Unlock()
+	return o
+}
+
+func (t *opTable) del(o *op) {
+	t.mu.Lock()
+	delete(t.m, o.id)
+	t.mu.Unlock()
+}
+
+func (t *opTable) all() []*op {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*op, 0, len(t.m))
+	for _, o := range t.m {
+		out = append(out, o)
+	}
+	return out
+}

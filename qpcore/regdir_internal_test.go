@@ -1,0 +1,168 @@
+package qpcore
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/krfs/krfs/internal/leaktest"
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
+)
+
+type staticResolver map[uint32]meta.NodeInfo
+
+func (r staticResolver) Lookup(_ context.Context, gid uint32) (meta.NodeInfo, error) {
+	if info, ok := r[gid]; ok {
+		return info, nil
+	}
+	return meta.NodeInfo{}, meta.ErrNotFound
+}
+func (r staticResolver) Invalidate(uint32) {}
+
+func testNodes(t *testing.T, k int, cfg Config) ([]*Node, staticResolver) {
+	t.Helper()
+	res := staticResolver{}
+	var ns []*Node
+	for i := range k {
+		dev, err := softnic.OpenUDP("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.GID = uint32(i + 1)
+		n, err := NewNode(dev, res, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close(); dev.Close() })
+		res[cfg.GID] = n.Info()
+		ns = append(ns, n)
+	}
+	return ns, res
+}
+
+func TestDirectoryFormat(t *testing.T) {
+	leaktest.Check(t)
+	ns, _ := testNodes(t, 1, Config{MaxRegions: 3})
+	n := ns[0]
+	if got := n.Info().DirLen; got != uint32(DirLen(3)) {
+		t.Fatalf("DirLen %d", got)
+	}
+	for _, bad := range []string{"", strings.Repeat("x", 33), "a/b", "nul\x00"} {
+		if _, err := n.Export(bad, make([]byte, 8), verbs.AccessRemoteRead); !errors.Is(err, ErrBadName) {
+			t.Errorf("name %q: %v", bad, err)
+		}
+	}
+	name32 := strings.Repeat("n", 32)
+	for _, name := range []string{"a", "b", name32} {
+		if _, err := n.Export(name, make([]byte, 100), verbs.AccessRemoteRead|verbs.AccessRemoteWrite); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := n.Export("a", make([]byte, 8), verbs.AccessRemoteRead); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if _, err := n.Export("d", make([]byte, 8), verbs.AccessRemoteRead); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("full: %v", err)
+	}
+	if err := n.Unexport("zz"); !errors.Is(err, ErrNotPresent) {
+		t.Fatalf("unexport unknown: %v", err)
+	}
+	if _, err := n.SetOwner("b", 0o640, 1000, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Unexport("a"); err != nil {
+		t.Fatal(err)
+	}
+	regs, _, err := parseDirectory(n.dir.buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(regs) != 2 || regs["b"].Mode != 0o640 || regs["b"].UID != 1000 || regs["b"].GID != 100 ||
+		regs[name32].Len != 100 || regs["b"].Access&verbs.AccessRemoteWrite == 0 || regs["b"].Version%2 != 0 {
+		t.Fatalf("parsed %+v", regs)
+	}
+	if got := n.Regions(); len(got) != 2 || got[0].Name != "b" {
+		t.Fatalf("Regions %+v", got)
+	}
+	if buf, r, ok := n.Local("b"); !ok || len(buf) != 100 || r.Mode != 0o640 {
+		t.Fatalf("Local: %d bytes, %+v, %v", len(buf), r, ok)
+	}
+	if _, _, ok := n.Local("a"); ok {
+		t.Fatal("Local found an unexported region")
+	}
+	// A record caught mid-update is reported torn, never decoded.
+	b := append([]byte(nil), n.dir.buf...)
+	binary.LittleEndian.PutUint32(b[dirHeaderLen+dirRecordLen+76:], 77)
+	if _, _, err := parseDirectory(b); !errors.Is(err, errTorn) {
+		t.Fatalf("torn record: %v", err)
+	}
+	for _, cut := range []int{0, 10, dirHeaderLen + 5} {
+		if _, _, err := parseDirectory(b[:cut]); err == nil {
+			t.Fatalf("%d bytes parsed", cut)
+		}
+	}
+	b[0] ^= 1
+	if _, _, err := parseDirectory(b); !errors.Is(err, ErrDirectory) {
+		t.Fatalf("bad magic: %v", err)
+	}
+}
+
+// A peer re-reads the directory with one-sided READs while the owner
+// rewrites a record as fast as it can; every decoded record is consistent
+// (mode, uid and gid are always written equal), torn ones are read again.
+func TestDirectorySeqlockUnderUpdates(t *testing.T) {
+	leaktest.Check(t)
+	ns, _ := testNodes(t, 2, Config{})
+	a, b := ns[0], ns[1]
+	for _, name := range []string{"x", "y", "z"} {
+		if _, err := b.Export(name, make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	v, err := a.Connect(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	b.SetOwner("y", 0, 0, 0) // the invariant below: mode == uid == gid
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for k := uint32(0); !stop.Load(); k++ {
+			b.SetOwner("y", k, k, k)
+			time.Sleep(10 * time.Microsecond)
+		}
+	}()
+	defer func() {
+		stop.Store(true)
+		wg.Wait()
+	}()
+	p := v.p
+	reads := 0
+	for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline); reads++ {
+		p.mu.Lock()
+		a.invalidateDirLocked(p)
+		err := a.ensureDirLocked(ctx, p)
+		y := p.dir["y"]
+		n := len(p.dir)
+		p.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 3 || y.Mode != y.UID || y.UID != y.GID || y.Len != 4096 {
+			t.Fatalf("inconsistent record after %d reads: %+v (%d regions)", reads, y, n)
+		}
+	}
+	t.Logf("%d directory READs during updates, %d torn reads repeated", reads, a.Stats().DirTorn)
+}

@@ -1,0 +1,186 @@
+package qpcore
+
+import (
+	"errors"
+	"sync/atomic"
+)
+
+// counters are the node's statistics, updated without locks.
+type counters struct {
+	connectHits, connectMisses, peerEvictions atomic.Uint64
+	vqpsOpen                                  atomic.Int64
+
+	opsDC, opsRC, doorbells, opErrors atomic.Uint64
+	fences, vqpToRC, vqpToDC          atomic.Uint64
+	dciWaits, dciYields               atomic.Uint64
+
+	rejLocal, rejNoRegion, rejBounds, rejAccess atomic.Uint64
+	rejAlign, rejOpcode, rejWouldBlock          atomic.Uint64
+
+	qpErrors, dciRecoveries, reposted, remoteErrors  atomic.Uint64
+	rnrRetries, relookups, staleRetries, unreachable atomic.Uint64
+	postErrors                                       atomic.Uint64
+
+	rcConnects, rcConnectFailures, rcEvictions, rcIdle atomic.Uint64
+	rcFallbacks, rcErrors, rcAccepted, rcReclaimed     atomic.Uint64
+
+	dirReads, dirTorn atomic.Uint64
+
+	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed atomic.Uint64
+	msgSmallBytes, msgSmallCopied, msgLargeBytes              atomic.Uint64
+	msgFINErrors, msgRepostErrors                             atomic.Uint64
+}
+
+// reject counts a pre-check refusal.
+func (c *counters) reject(err error) {
+	switch {
+	case errors.Is(err, ErrLocalLength):
+		c.rejLocal.Add(1)
+	case errors.Is(err, ErrNoRegion):
+		c.rejNoRegion.Add(1)
+	case errors.Is(err, ErrRemoteBounds):
+		c.rejBounds.Add(1)
+	case errors.Is(err, ErrRemoteAccess):
+		c.rejAccess.Add(1)
+	case errors.Is(err, ErrAlign):
+		c.rejAlign.Add(1)
+	case errors.Is(err, ErrOpcode):
+		c.rejOpcode.Add(1)
+	case errors.Is(err, ErrWouldBlock):
+		c.rejWouldBlock.Add(1)
+	}
+}
+
+// Stats is a snapshot of a node's counters and pool state.
+type Stats struct {
+	// Peers known, VQPs open, connects served from known state (hits)
+	// or after a lookup (misses), peers evicted beyond MaxPeers.
+	Peers, VQPsOpen                           int
+	ConnectHits, ConnectMisses, PeerEvictions uint64
+
+	// WRs posted on DCIs and RC QPs, and the PostSend calls (doorbells)
+	// that carried them; operations that ended in an error.
+	OpsDC, OpsRC, Doorbells, OpErrors uint64
+	// Switching: fences (a VQP held operations until its old transport
+	// drained) and VQP moves to RC and back to DC.
+	Fences, VQPToRC, VQPToDC uint64
+	// DCI pool: free DCIs now, peers waiting now, waits and quota yields.
+	DCIsFree, DCIWaiters int
+	DCIWaits, DCIYields  uint64
+
+	// Pre-check refusals by cause. None of these reached a QP.
+	RejectLocal, RejectNoRegion, RejectBounds, RejectAccess uint64
+	RejectAlign, RejectOpcode, RejectWouldBlock             uint64
+
+	// QP errors (error completions on shared QPs) and what followed:
+	// DCI recoveries, innocent WRs posted again, errors reported to their
+	// owner, RNR retries, re-lookups of stale or silent peers, operations
+	// retried after one, peers found unreachable. PostErrors counts
+	// PostSend refusals, which the pre-check should make impossible.
+	QPErrors, DCIRecoveries, Reposted, RemoteErrors  uint64
+	RNRRetries, Relookups, StaleRetries, Unreachable uint64
+	PostErrors                                       uint64
+
+	// RC pool: QPs now, connections made and failed, LRU evictions, idle
+	// teardowns, fallbacks to DC (any teardown), QP errors; passive QPs
+	// now, accepted and reclaimed.
+	RCActive, RCPassive                                int
+	RCConnects, RCConnectFailures, RCEvictions, RCIdle uint64
+	RCFallbacks, RCErrors, RCAccepted, RCReclaimed     uint64
+
+	// Region directory READs, and torn reads repeated.
+	DirReads, DirTorn uint64
+
+	// Messages sent and received, by rendezvous, dropped (no port),
+	// malformed; payload bytes delivered and bytes copied by qpcore on
+	// each path (small: sender bounce + receiver copy; large: none).
+	MsgSent, MsgRecv, MsgRendezvous, MsgDropped, MsgMalformed    uint64
+	MsgSmallBytes, MsgSmallCopied, MsgLargeBytes, MsgLargeCopied uint64
+
+	// Local buffer registrations: cache hits, misses, evictions.
+	MemHits, MemMisses, MemEvictions uint64
+}
+
+// Rejects is the total of pre-check refusals.
+func (s *Stats) Rejects() uint64 {
+	return s.RejectLocal + s.RejectNoRegion + s.RejectBounds + s.RejectAccess + s.RejectAlign +
+		s.RejectOpcode + s.RejectWouldBlock
+}
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	c := &n.stats
+	s := Stats{
+		ConnectHits: c.connectHits.Load(), ConnectMisses: c.connectMisses.Load(), PeerEvictions: c.peerEvictions.Load(),
+		OpsDC: c.opsDC.Load(), OpsRC: c.opsRC.Load(), Doorbells: c.doorbells.Load(), OpErrors: c.opErrors.Load(),
+		Fences: c.fences.Load(), VQPToRC: c.vqpToRC.Load(), VQPToDC: c.vqpToDC.Load(),
+		DCIWaits: c.dciWaits.Load(), DCIYields: c.dciYields.Load(),
+		RejectLocal: c.rejLocal.Load(), RejectNoRegion: c.rejNoRegion.Load(), RejectBounds: c.rejBounds.Load(),
+		RejectAccess: c.rejAccess.Load(), RejectAlign: c.rejAlign.Load(), RejectOpcode: c.rejOpcode.Load(),
+		RejectWouldBlock: c.rejWouldBlock.Load(),
+		QPErrors:         c.qpErrors.Load(), DCIRecoveries: c.dciRecoveries.Load(), Reposted: c.reposted.Load(),
+		RemoteErrors: c.remoteErrors.Load(), RNRRetries: c.rnrRetries.Load(), Relookups: c.relookups.Load(),
+		StaleRetries: c.staleRetries.Load(), Unreachable: c.unreachable.Load(), PostErrors: c.postErrors.Load(),
+		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(),
+		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
+		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
+		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(),
+		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
+		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
+		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
+	}
+	s.VQPsOpen = int(c.vqpsOpen.Load())
+	n.mu.Lock()
+	s.Peers = len(n.peers)
+	n.mu.Unlock()
+	n.dcMu.Lock()
+	s.DCIsFree, s.DCIWaiters = n.arb.FreeCount(), n.arb.Waiting()
+	n.dcMu.Unlock()
+	n.rcMu.Lock()
+	s.RCActive = len(n.rcConns)
+	n.rcMu.Unlock()
+	n.passiveMu.Lock()
+	s.RCPassive = len(n.passive)
+	n.passiveMu.Unlock()
+	n.mem.mu.Lock()
+	s.MemHits, s.MemMisses, s.MemEvictions = n.mem.stats.hits, n.mem.stats.misses, n.mem.stats.evictions
+	n.mem.mu.Unlock()
+	return s
+}
+
+// PeerState describes what this node keeps for one peer.
+type PeerState struct {
+	GID         uint32
+	Incarnation uint64
+	Addr        string
+	Transport   Transport // what a new VQP's operations take now
+	RC          string    // RC connection phase
+	Regions     int       // regions in the cached directory (-1: not cached)
+	Active      int       // operations in progress
+}
+
+// Peer describes the state kept for gid, if any.
+func (n *Node) Peer(gid uint32) (PeerState, bool) {
+	n.mu.Lock()
+	p := n.peers[gid]
+	n.mu.Unlock()
+	if p == nil {
+		return PeerState{}, false
+	}
+	select {
+	case <-p.ready:
+	default:
+		return PeerState{GID: gid, RC: rcNone.String(), Regions: -1}, true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := PeerState{GID: gid, Incarnation: p.info.Incarnation, Addr: p.info.Addr.String(), RC: p.rcPhase.String(),
+		Regions: -1, Active: p.active}
+	if p.rcPhase == rcReady {
+		s.Transport = RC
+	}
+	if p.dirValid {
+		s.Regions = len(p.dir)
+	}
+	return s, true
+}
