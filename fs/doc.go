@@ -8,7 +8,8 @@
 //	    <gid>/
 //	      mem                 the peer's default region
 //	      mr/<name>           each region the peer exports; st_size = region size
-//	      ports/<port>        each write() sends one message to that port on the peer
+//	      ports/<port>        each write() sends one message (at most MaxMessage
+//	                          bytes) to that port on the peer
 //	      info                text: address, incarnation, transport in use, counters
 //	  regions/<name>          regions this node exports: create + truncate sets the
 //	                          size, rm unexports; regions/mem is the default region

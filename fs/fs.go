@@ -33,6 +33,12 @@ type Options struct {
 // kernel's limit is 256 pages).
 const MaxIO = 1 << 20
 
+// MaxMessage is the largest message a port file carries: one write() is
+// one message and one read() returns one message only while each fits a
+// single FUSE request, and the kernel splits a request at 256 pages of the
+// caller's (possibly unaligned) buffer.
+const MaxMessage = MaxIO - 4096
+
 // Mount mounts the tree of b at dir and returns the running server; call
 // Unmount (or Server.Unmount) to stop it.
 func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {

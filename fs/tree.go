@@ -411,6 +411,9 @@ func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byt
 	if !ok {
 		return 0, syscall.EBADF
 	}
+	if len(data) > MaxMessage {
+		return 0, syscall.EMSGSIZE
+	}
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
 	if err := h.conn.Send(c, f.port, data); err != nil {

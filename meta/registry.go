@@ -77,8 +77,12 @@ func (r *registry) entryOf(l *lease) entry {
 //   - gid 0 asks for an assigned gid; incarnation 0 for an assigned
 //     incarnation.
 //   - A gid held by a live lease with another incarnation is refused
-//     (stInUse). With the same incarnation the request renews and updates
-//     the registration: a retransmitted request, or a node re-registering
+//     (stInUse), unless the request comes from the same node address: a
+//     node's address is its NIC's bound UDP socket, which no two live
+//     processes can hold, so the holder has died and this is its restart
+//     (it takes over at once instead of waiting out the old lease). With
+//     the same incarnation the request renews and updates the
+//     registration: a retransmitted request, or a node re-registering
 //     after the meta server restarted.
 func (r *registry) register(m *message, now time.Time) (message, []slotWrite) {
 	rep := message{kind: m.kind | replyBit, reqID: m.reqID}
@@ -97,7 +101,7 @@ func (r *registry) register(m *message, now time.Time) (message, []slotWrite) {
 	if l := r.nodes[n.GID]; l != nil {
 		// An expired lease not yet swept is no longer live: its slot is
 		// taken over in place.
-		if l.node.Incarnation != n.Incarnation && !now.After(l.expires) {
+		if l.node.Incarnation != n.Incarnation && !now.After(l.expires) && l.node.Addr != n.Addr {
 			rep.status = stInUse
 			return rep, nil
 		}

@@ -116,6 +116,17 @@ func TestRegistryLeases(t *testing.T) {
 	if rep, ws := r.register(regMsg(testNode(7, 101), 0), now.Add(500*time.Millisecond)); rep.status != stInUse || ws != nil {
 		t.Fatalf("duplicate: %+v %+v", rep, ws)
 	}
+	// Same gid and address, other incarnation: the holder died and
+	// restarted on its address (no two live processes can bind it), so
+	// it takes over at once.
+	restarted := a
+	restarted.Incarnation = 102
+	if rep, ws := r.register(regMsg(restarted, 0), now.Add(550*time.Millisecond)); rep.status != stOK || len(ws) != 1 || rep.node.Incarnation != 102 {
+		t.Fatalf("restart on the same address: %+v %+v", rep, ws)
+	}
+	if rep, _ := r.register(regMsg(a, 0), now.Add(560*time.Millisecond)); rep.status != stOK {
+		t.Fatalf("back to the first incarnation: %+v", rep)
+	}
 	// Same incarnation again: a refresh, written in place.
 	if rep, ws := r.register(regMsg(a, 0), now.Add(600*time.Millisecond)); rep.status != stOK || len(ws) != 1 || ws[0].slot != r.nodes[7].slot {
 		t.Fatalf("refresh: %+v %+v", rep, ws)

@@ -33,8 +33,8 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (namespaces, FUSE)"; }
 
-ns_exec() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
-
+# Daemons are started with nsenter directly (not through a shell
+# function), so that $! is the daemon's own pid.
 build() {
 	if [ ! -x "$BIN" ]; then
 		echo "building $BIN"
@@ -66,14 +66,16 @@ wait_mounted() {
 
 start_host() {
 	local i=$1 mnt="$DIR/h$1"
-	mkdir -p "$mnt"
-	ns_exec "krfs-h$i" "$BIN" mount "$mnt" --meta "$NET.254:$META_PORT" --listen "$NET.$i:$PORT" \
+	# A crashed host leaves a stale mount (ENOTCONN) that mkdir cannot
+	# stat; the daemon cleans it up itself.
+	mkdir -p "$mnt" 2>/dev/null || true
+	nsenter --net="/run/netns/krfs-h$i" "$BIN" mount "$mnt" --meta "$NET.254:$META_PORT" --listen "$NET.$i:$PORT" \
 		--gid "$i" --mem-size "$MEM" --shm-dir "$DIR/shm-h$i" >>"$DIR/h$i.log" 2>&1 &
 	echo $! >"$DIR/h$i.pid"
 }
 
 start_meta() {
-	ns_exec krfs-meta "$BIN" meta --listen "$NET.254:$META_PORT" >>"$DIR/meta.log" 2>&1 &
+	nsenter --net=/run/netns/krfs-meta "$BIN" meta --listen "$NET.254:$META_PORT" >>"$DIR/meta.log" 2>&1 &
 	echo $! >"$DIR/meta.pid"
 }
 

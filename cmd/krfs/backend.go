@@ -1,0 +1,381 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/shm"
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
+)
+
+// nodeBackend is the filesystem's view of a running node: qpcore for VQPs
+// and regions, the meta client for membership, the shm store for region
+// memory.
+type nodeBackend struct {
+	dev   *softnic.Device
+	node  *qpcore.Node
+	meta  *meta.Client
+	agent *meta.Agent
+	store *shm.Store
+	srv   *meta.Server // embedded meta server, or nil
+
+	mu    sync.Mutex // guards ports
+	ports map[uint32]*qpcore.Port
+}
+
+var _ fs.Backend = (*nodeBackend)(nil)
+
+const exportAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+
+func (b *nodeBackend) Self() uint32 { return b.node.GID() }
+
+func (b *nodeBackend) Peers(ctx context.Context) ([]uint32, error) {
+	nodes, err := b.meta.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint32, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.GID
+	}
+	return out, nil
+}
+
+func (b *nodeBackend) PeerInfo(ctx context.Context, gid uint32) (string, error) {
+	info, err := b.meta.Lookup(ctx, gid)
+	if err != nil {
+		if errors.Is(err, meta.ErrNotFound) {
+			return "", syscall.ENOENT
+		}
+		return "", err
+	}
+	s := fmt.Sprintf("gid %d\naddress %v\nincarnation %#x\ndct %d\n", info.GID, info.Addr, info.Incarnation, info.DCTN)
+	if v, err := b.node.Connect(ctx, gid); err == nil {
+		s += fmt.Sprintf("transport %v\n", v.Transport())
+		v.Close()
+	}
+	return s, nil
+}
+
+func (b *nodeBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
+	v, err := b.node.Connect(ctx, gid)
+	if err != nil {
+		return nil, err
+	}
+	return &vqpConn{v: v}, nil
+}
+
+func region(r qpcore.Region) fs.Region {
+	return fs.Region{Name: r.Name, Size: int64(r.Len), Mode: r.Mode, UID: r.UID, GID: r.GID,
+		Remote: r.Access&verbs.AccessRemoteRead != 0}
+}
+
+func (b *nodeBackend) Regions() []fs.Region {
+	rs := b.node.Regions()
+	out := make([]fs.Region, len(rs))
+	for i, r := range rs {
+		out[i] = region(r)
+	}
+	return out
+}
+
+// Export maps (or resizes) the region's shared-memory file and exports it;
+// a resize re-registers it under a new rkey.
+func (b *nodeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs.Region, error) {
+	if !shm.ValidName(name) {
+		return fs.Region{}, syscall.EINVAL
+	}
+	if old := b.store.Get(name); old != nil {
+		if cur, _ := b.localInfo(name); cur.Size == size {
+			return cur, nil
+		}
+		if err := b.node.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
+			return fs.Region{}, err
+		}
+		m, u, g, _, err := b.store.Stat(name)
+		if err != nil {
+			return fs.Region{}, err
+		}
+		mode, uid, gid = uint32(m), uint32(u), uint32(g)
+	}
+	r, err := b.store.Map(name, size, os.FileMode(mode&0o777), int(uid), int(gid))
+	if err != nil {
+		return fs.Region{}, err
+	}
+	return b.export(r, mode, uid, gid)
+}
+
+func (b *nodeBackend) export(r *shm.Region, mode, uid, gid uint32) (fs.Region, error) {
+	if len(r.Mem) == 0 {
+		// An empty region is listed locally but has no memory to register.
+		return fs.Region{Name: r.Name, Mode: mode, UID: uid, GID: gid}, nil
+	}
+	if _, err := b.node.Export(r.Name, r.Mem, exportAccess); err != nil {
+		return fs.Region{}, err
+	}
+	qr, err := b.node.SetOwner(r.Name, mode, uid, gid)
+	if err != nil {
+		return fs.Region{}, err
+	}
+	return region(qr), nil
+}
+
+func (b *nodeBackend) Unexport(name string) error {
+	if name == "mem" {
+		return syscall.EBUSY // the default region lives as long as the node
+	}
+	if b.store.Get(name) == nil {
+		return syscall.ENOENT
+	}
+	if err := b.node.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
+		return err
+	}
+	b.dev.SyncMemory()
+	return b.store.Remove(name)
+}
+
+func (b *nodeBackend) localInfo(name string) (fs.Region, bool) {
+	for _, r := range b.node.Regions() {
+		if r.Name == name {
+			return region(r), true
+		}
+	}
+	if b.store.Get(name) != nil {
+		m, u, g, size, err := b.store.Stat(name)
+		if err == nil {
+			return fs.Region{Name: name, Size: size, Mode: uint32(m), UID: uint32(u), GID: uint32(g)}, true
+		}
+	}
+	return fs.Region{}, false
+}
+
+func (b *nodeBackend) LocalRegion(name string) (fs.LocalRegion, error) {
+	if _, ok := b.localInfo(name); !ok {
+		return nil, syscall.ENOENT
+	}
+	return &localRegion{b: b, name: name}, nil
+}
+
+func (b *nodeBackend) Bind(port uint32) (fs.Port, error) {
+	p, err := b.node.Bind(port)
+	if err != nil {
+		return nil, err
+	}
+	return &portAdapter{p: p}, nil
+}
+
+func (b *nodeBackend) Ports() []uint32 { return b.node.Ports() }
+
+// Stats writes node, cache and NIC counters.
+func (b *nodeBackend) Stats(w io.Writer, asJSON bool) error {
+	st := struct {
+		GID     uint32
+		Address string
+		Node    any
+		Meta    meta.ClientStats
+		NIC     verbs.DeviceStats
+		Server  any `json:",omitempty"`
+	}{GID: b.node.GID(), Address: b.dev.Addr().String(), Node: b.node.Stats(), Meta: b.meta.Stats(), NIC: b.dev.Stats()}
+	if b.srv != nil {
+		st.Server = b.srv.Stats()
+	}
+	if asJSON {
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(st)
+	}
+	fmt.Fprintf(w, "gid %d\naddress %s\n", st.GID, st.Address)
+	for _, sec := range []struct {
+		name string
+		v    any
+	}{{"node", st.Node}, {"meta", st.Meta}, {"nic", st.NIC}, {"meta-server", st.Server}} {
+		if sec.v == nil {
+			continue
+		}
+		raw, err := json.Marshal(sec.v)
+		if err != nil {
+			return err
+		}
+		var m map[string]any
+		if json.Unmarshal(raw, &m) != nil {
+			continue
+		}
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "%s.%s %v\n", sec.name, k, m[k])
+		}
+	}
+	return nil
+}
+
+// localRegion is regions/<name>: direct access to the mapped memory.
+type localRegion struct {
+	b    *nodeBackend
+	name string
+}
+
+func (l *localRegion) mem() ([]byte, error) {
+	r := l.b.store.Get(l.name)
+	if r == nil {
+		return nil, syscall.ENOENT
+	}
+	return r.Mem, nil
+}
+
+func (l *localRegion) Info() fs.Region {
+	r, _ := l.b.localInfo(l.name)
+	return r
+}
+
+func (l *localRegion) ReadAt(p []byte, off int64) (int, error) {
+	m, err := l.mem()
+	if err != nil {
+		return 0, err
+	}
+	if off < 0 || off > int64(len(m)) {
+		return 0, syscall.EINVAL
+	}
+	l.b.dev.SyncMemory()
+	return copy(p, m[off:]), nil
+}
+
+func (l *localRegion) WriteAt(p []byte, off int64) (int, error) {
+	m, err := l.mem()
+	if err != nil {
+		return 0, err
+	}
+	if off < 0 || off+int64(len(p)) > int64(len(m)) {
+		return 0, syscall.EFBIG
+	}
+	n := copy(m[off:], p)
+	l.b.dev.SyncMemory()
+	return n, nil
+}
+
+// word returns the 8-byte word at off for CPU atomics, which are atomic
+// with the NIC's atomics on the same memory.
+func (l *localRegion) word(off int64) (*uint64, error) {
+	m, err := l.mem()
+	if err != nil {
+		return nil, err
+	}
+	if off < 0 || off%8 != 0 || off+8 > int64(len(m)) {
+		return nil, syscall.EINVAL
+	}
+	return (*uint64)(unsafe.Pointer(&m[off])), nil
+}
+
+func (l *localRegion) FetchAdd(off int64, delta uint64) (uint64, error) {
+	w, err := l.word(off)
+	if err != nil {
+		return 0, err
+	}
+	return atomic.AddUint64(w, delta) - delta, nil
+}
+
+func (l *localRegion) CompareAndSwap(off int64, cmp, swap uint64) (uint64, error) {
+	w, err := l.word(off)
+	if err != nil {
+		return 0, err
+	}
+	for {
+		old := atomic.LoadUint64(w)
+		if old != cmp || atomic.CompareAndSwapUint64(w, old, swap) {
+			return old, nil
+		}
+	}
+}
+
+func (l *localRegion) Chmod(mode uint32) error {
+	info := l.Info()
+	if err := l.b.store.Chmod(l.name, os.FileMode(mode&0o777)); err != nil {
+		return err
+	}
+	_, err := l.b.node.SetOwner(l.name, mode, info.UID, info.GID)
+	if errors.Is(err, qpcore.ErrNotPresent) {
+		err = nil // an empty region is not exported yet
+	}
+	return err
+}
+
+func (l *localRegion) Chown(uid, gid uint32) error {
+	info := l.Info()
+	if err := l.b.store.Chown(l.name, int(uid), int(gid)); err != nil {
+		return err
+	}
+	_, err := l.b.node.SetOwner(l.name, info.Mode, uid, gid)
+	if errors.Is(err, qpcore.ErrNotPresent) {
+		err = nil
+	}
+	return err
+}
+
+// vqpConn adapts a VQP to fs.Conn.
+type vqpConn struct{ v *qpcore.VQP }
+
+func (c *vqpConn) Regions(ctx context.Context) ([]fs.Region, error) {
+	rs, err := c.v.Regions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fs.Region, len(rs))
+	for i, r := range rs {
+		out[i] = region(r)
+	}
+	return out, nil
+}
+
+func (c *vqpConn) ReadAt(ctx context.Context, name string, p []byte, off int64) (int, error) {
+	if err := c.v.Read(ctx, p, name, uint64(off)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *vqpConn) WriteAt(ctx context.Context, name string, p []byte, off int64) (int, error) {
+	if err := c.v.Write(ctx, p, name, uint64(off)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *vqpConn) FetchAdd(ctx context.Context, name string, off int64, d uint64) (uint64, error) {
+	return c.v.FetchAdd(ctx, name, uint64(off), d)
+}
+
+func (c *vqpConn) CompareAndSwap(ctx context.Context, name string, off int64, cmp, swap uint64) (uint64, error) {
+	return c.v.CompareAndSwap(ctx, name, uint64(off), cmp, swap)
+}
+
+func (c *vqpConn) Send(ctx context.Context, port uint32, msg []byte) error {
+	return c.v.Send(ctx, port, msg)
+}
+
+func (c *vqpConn) Close() error { return c.v.Close() }
+
+type portAdapter struct{ p *qpcore.Port }
+
+func (a *portAdapter) Recv(ctx context.Context, buf []byte) (int, error) {
+	m, err := a.p.Recv(ctx, buf)
+	return m.Len, err
+}
+
+func (a *portAdapter) Close() error { return a.p.Close() }
+

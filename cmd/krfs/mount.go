@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/shm"
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs/softnic"
+)
+
+type mountFlags struct {
+	meta        string
+	listen      string
+	gid         uint
+	memSize     string
+	shmDir      string
+	timeout     time.Duration
+	allowOther  bool
+	defaultPerm bool
+	dcis        int
+	rcCap       int
+	debugFUSE   bool
+	log         logFlags
+}
+
+func (f *mountFlags) register(set *flag.FlagSet) {
+	set.StringVar(&f.meta, "meta", "", "meta service addresses HOST:PORT[,HOST:PORT...]; empty: run an embedded one on --listen")
+	set.StringVar(&f.listen, "listen", "127.0.0.1:4791", "address of this node's software NIC")
+	set.UintVar(&f.gid, "gid", 0, "this node's gid (0: assigned by the meta service)")
+	set.StringVar(&f.memSize, "mem-size", "16M", "size of the default region mem (like 16M, 1G)")
+	set.StringVar(&f.shmDir, "shm-dir", "", "directory of the region files (default /dev/shm/krfs-GID)")
+	set.DurationVar(&f.timeout, "timeout", time.Second, "how long an operation to an unresponsive peer takes to fail")
+	set.BoolVar(&f.allowOther, "allow-other", false, "let users other than root use the mount")
+	set.BoolVar(&f.defaultPerm, "default-permissions", false, "let the kernel enforce file modes and owners")
+	set.IntVar(&f.dcis, "dcis", 0, "DCI pool size (0: qpcore's default)")
+	set.IntVar(&f.rcCap, "rc-cap", 0, "most RC QPs this node opens (0: qpcore's default)")
+	set.BoolVar(&f.debugFUSE, "debug-fuse", false, "log every FUSE request")
+	f.log.register(set)
+}
+
+func runMount(args []string, stdout, stderr io.Writer) error {
+	var f mountFlags
+	set := flag.NewFlagSet("krfs mount", flag.ContinueOnError)
+	set.SetOutput(stderr)
+	f.register(set)
+	set.Usage = func() {
+		fmt.Fprintln(stderr, "usage: krfs mount MOUNTPOINT [flags]")
+		set.PrintDefaults()
+	}
+	// Accept the mountpoint before or after the flags.
+	var pos []string
+	for len(args) > 0 {
+		if err := set.Parse(args); err != nil {
+			return err
+		}
+		args = set.Args()
+		if len(args) > 0 {
+			pos = append(pos, args[0])
+			args = args[1:]
+		}
+	}
+	if len(pos) != 1 {
+		set.Usage()
+		return fmt.Errorf("%w: one MOUNTPOINT expected, got %d", errUsage, len(pos))
+	}
+	log, err := f.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	mem, err := parseSize(f.memSize)
+	if err != nil {
+		return err
+	}
+	if mem < 8 || mem > shm.MaxSize {
+		return fmt.Errorf("%w: --mem-size %s: want 8 bytes to 1T", errUsage, f.memSize)
+	}
+	if f.gid > 1<<24 {
+		return fmt.Errorf("%w: --gid %d: want 1..%d", errUsage, f.gid, 1<<24)
+	}
+	listen, err := netip.ParseAddrPort(f.listen)
+	if err != nil || listen.Addr().IsUnspecified() {
+		return fmt.Errorf("%w: --listen %q: want a specific IP:PORT that peers can reach", errUsage, f.listen)
+	}
+	var servers []netip.AddrPort
+	for _, s := range strings.Split(f.meta, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			return fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, f.meta)
+		}
+		servers = append(servers, ap)
+	}
+	if err := checkFUSE(); err != nil {
+		return err
+	}
+	mnt := pos[0]
+	cleaned, err := checkMountpoint(mnt)
+	if err != nil {
+		return err
+	}
+	if cleaned {
+		log.Warnf("cleaned up a stale mount at %s left by a crashed daemon", mnt)
+	}
+
+	d, err := startNode(log, &f, listen, servers, mem)
+	if err != nil {
+		return err
+	}
+	defer d.close(log)
+
+	srv, err := fs.Mount(mnt, d.backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
+		Timeout: f.timeout + time.Second, Debug: f.debugFUSE})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", mnt, err)
+	}
+	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": d.backend.node.GID(), "address": d.dev.Addr(),
+		"meta": d.metaDesc}).Info("krfs mounted")
+	notifyReady()
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	served := make(chan struct{})
+	go func() { srv.Wait(); close(served) }()
+	select {
+	case s := <-sigs:
+		log.Infof("%v: unmounting %s", s, mnt)
+	case <-served:
+		log.Infof("%s was unmounted", mnt)
+	}
+	if err := srv.Unmount(); err != nil {
+		log.Warnf("unmount %s: %v; detaching it", mnt, err)
+		_ = unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	return nil
+}
+
+// daemon is a running node.
+type daemon struct {
+	dev      *softnic.Device
+	backend  *nodeBackend
+	metaDesc string
+}
+
+func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*daemon, error) {
+	dev, err := softnic.OpenUDP(listen.String())
+	if err != nil {
+		if errors.Is(err, unix.EADDRINUSE) {
+			return nil, fmt.Errorf("--listen %v is in use (another krfs node?): %w", listen, err)
+		}
+		return nil, fmt.Errorf("opening the NIC on %v: %w", listen, err)
+	}
+	d := &daemon{dev: dev, backend: &nodeBackend{dev: dev}}
+	b := d.backend
+	fail := func(err error) (*daemon, error) {
+		d.close(log)
+		return nil, err
+	}
+	if len(servers) == 0 {
+		// The single-node default: an embedded meta service on this NIC,
+		// which other nodes join with --meta ADDRESS-OF-THIS-NODE.
+		b.srv, err = meta.NewServer(dev, meta.ServerConfig{})
+		if err != nil {
+			return fail(fmt.Errorf("embedded meta service: %w", err))
+		}
+		servers = []netip.AddrPort{dev.Addr()}
+		d.metaDesc = "embedded at " + dev.Addr().String()
+	} else {
+		d.metaDesc = fmt.Sprint(servers)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers})
+	if err != nil {
+		return fail(fmt.Errorf("meta service %v unreachable: %w", servers, err))
+	}
+	b.node, err = qpcore.NewNode(dev, b.meta, qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout})
+	if err != nil {
+		return fail(err)
+	}
+	// Register first when the gid is assigned: the region store is named
+	// after it.
+	b.agent, err = b.meta.Register(ctx, b.node.Info(), meta.AgentConfig{})
+	if err != nil {
+		return fail(fmt.Errorf("registering with the meta service: %w", err))
+	}
+	gid := b.agent.Info().GID
+	b.node.SetGID(gid)
+	dir := f.shmDir
+	if dir == "" {
+		dir = shm.DefaultDir(gid)
+	}
+	if b.store, err = shm.Open(dir); err != nil {
+		return fail(err)
+	}
+	// Regions left by an earlier run come back with their data, under new
+	// keys: peers find them through the new incarnation's directory.
+	names, err := b.store.Names()
+	if err != nil {
+		return fail(err)
+	}
+	for _, n := range names {
+		r, err := b.store.Map(n, -1, 0, -1, -1)
+		if err != nil {
+			return fail(err)
+		}
+		m, u, g, _, _ := b.store.Stat(n)
+		if _, err := b.export(r, uint32(m), uint32(u), uint32(g)); err != nil {
+			return fail(fmt.Errorf("re-exporting region %s: %w", n, err))
+		}
+		log.Infof("region %s (%d bytes) recovered from %s", n, len(r.Mem), dir)
+	}
+	if b.store.Get("mem") == nil {
+		if _, err := b.Export("mem", mem, 0o666, 0, 0); err != nil {
+			return fail(fmt.Errorf("default region: %w", err))
+		}
+	}
+	return d, nil
+}
+
+func (d *daemon) close(log *logrus.Logger) {
+	b := d.backend
+	if b.agent != nil {
+		if err := b.agent.Close(); err != nil {
+			log.Debugf("deregister: %v", err)
+		}
+	}
+	if b.node != nil {
+		b.node.Close()
+	}
+	if b.meta != nil {
+		b.meta.Close()
+	}
+	if b.srv != nil {
+		b.srv.Close()
+	}
+	if b.store != nil {
+		b.store.Close()
+	}
+	d.dev.Close()
+}
+
+// notifyReady tells systemd (Type=notify) that the mount is up.
+func notifyReady() {
+	sock := os.Getenv("NOTIFY_SOCKET")
+	if sock == "" {
+		return
+	}
+	if strings.HasPrefix(sock, "@") {
+		sock = "\x00" + sock[1:]
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	_ = unix.Sendto(fd, []byte("READY=1"), 0, &unix.SockaddrUnix{Name: sock})
+}
