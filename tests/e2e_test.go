@@ -159,7 +159,7 @@ func TestCluster(t *testing.T) {
 	h1, h2, h3 := c.mnt(1), c.mnt(2), c.mnt(3)
 
 	t.Run("peers listed", func(t *testing.T) {
-		out := c.mustSh(t, "ls " + h1 + "/peers")
+		out := c.mustSh(t, "ls "+h1+"/peers")
 		for _, g := range []string{"1", "2", "3"} {
 			if !strings.Contains(out, g) {
 				t.Fatalf("peers/ on host 1: %q", out)
@@ -168,10 +168,10 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("dd on host 1, cat and python on host 2", func(t *testing.T) {
-		c.mustSh(t, "head -c 1048576 /dev/urandom > " + c.dir + "/blob")
-		c.mustSh(t, "head -c 524288 " + c.dir + "/blob > " + c.dir + "/msg")
-		c.mustSh(t, "dd if=" + c.dir + "/blob of=" + h1 + "/regions/mem bs=64k conv=notrunc status=none")
-		c.mustSh(t, "cat " + h2 + "/peers/1/mem | head -c 1048576 > " + c.dir + "/catout")
+		c.mustSh(t, "head -c 1048576 /dev/urandom > "+c.dir+"/blob")
+		c.mustSh(t, "head -c 524288 "+c.dir+"/blob > "+c.dir+"/msg")
+		c.mustSh(t, "dd if="+c.dir+"/blob of="+h1+"/regions/mem bs=64k conv=notrunc status=none")
+		c.mustSh(t, "cat "+h2+"/peers/1/mem | head -c 1048576 > "+c.dir+"/catout")
 		want, _ := os.ReadFile(c.dir + "/blob")
 		got, _ := os.ReadFile(c.dir + "/catout")
 		if !bytes.Equal(got, want) {
@@ -183,7 +183,7 @@ b = os.pread(fd, 4096, 123456)
 want = open(%q, "rb").read()[123456:123456+4096]
 assert b == want, "pread differs"
 print("ok")`, h2+"/peers/1/mem", c.dir+"/blob")
-		if out := c.mustSh(t, "python3 -c '" + py + "'"); !strings.Contains(out, "ok") {
+		if out := c.mustSh(t, "python3 -c '"+py+"'"); !strings.Contains(out, "ok") {
 			t.Fatalf("python: %s", out)
 		}
 	})
@@ -213,7 +213,7 @@ print("ok")`, h2+"/peers/1/mem", c.dir+"/blob")
 	})
 
 	t.Run("messages small and zero-copy", func(t *testing.T) {
-		c.mustSh(t, "touch " + h3 + "/ports/9")
+		c.mustSh(t, "touch "+h3+"/ports/9")
 		small := "hello port nine"
 		c.mustSh(t, fmt.Sprintf("printf '%%s' %q > %s/peers/3/ports/9", small, h1))
 		py := fmt.Sprintf(`import os

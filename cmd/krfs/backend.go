@@ -378,4 +378,3 @@ func (a *portAdapter) Recv(ctx context.Context, buf []byte) (int, error) {
 }
 
 func (a *portAdapter) Close() error { return a.p.Close() }
-

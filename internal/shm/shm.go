@@ -163,7 +163,7 @@ func (s *Store) Stat(name string) (mode os.FileMode, uid, gid int, size int64, e
 
 // Chmod and Chown change the region file's mode and owner.
 func (s *Store) Chmod(name string, mode os.FileMode) error { return os.Chmod(s.Path(name), mode) }
-func (s *Store) Chown(name string, uid, gid int) error    { return os.Chown(s.Path(name), uid, gid) }
+func (s *Store) Chown(name string, uid, gid int) error     { return os.Chown(s.Path(name), uid, gid) }
 
 // Remove unmaps the region and deletes its file.
 func (s *Store) Remove(name string) error {
