@@ -1,0 +1,90 @@
+package tests
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startMount runs `krfs mount` on loopback and waits for the mount.
+func startMount(t *testing.T, bin, mnt string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"mount", mnt}, args...)...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, _ := os.ReadFile("/proc/self/mounts"); strings.Contains(string(b), " "+mnt+" fuse") {
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not mount: %s", mnt, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMountErrors: the command refuses what it cannot do, with a clear
+// message and a non-zero exit, and promptly.
+func TestMountErrors(t *testing.T) {
+	requireE2E(t)
+	top, _ := filepath.Abs("..")
+	bin := build(t, top)
+	mnt := t.TempDir()
+	startMount(t, bin, mnt, "--listen", "127.0.0.1:4831", "--gid", "1", "--shm-dir", t.TempDir())
+
+	run := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		return string(out), err
+	}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"already mounted", []string{"mount", mnt, "--listen", "127.0.0.1:4832"}, "already mounted"},
+		{"address in use", []string{"mount", t.TempDir(), "--listen", "127.0.0.1:4831"}, "in use"},
+		{"meta unreachable", []string{"mount", t.TempDir(), "--listen", "127.0.0.1:4833", "--meta", "127.0.0.1:4834"}, "unreachable"},
+		{"bad size", []string{"mount", t.TempDir(), "--mem-size", "lots"}, "size"},
+		{"wildcard listen", []string{"mount", t.TempDir(), "--listen", "0.0.0.0:4835"}, "specific IP"},
+		{"not a directory", []string{"mount", "/etc/hostname", "--listen", "127.0.0.1:4836"}, "not a directory"},
+	}
+	for _, c := range cases {
+		start := time.Now()
+		out, err := run(c.args...)
+		if err == nil {
+			t.Errorf("%s: krfs %v succeeded: %s", c.name, c.args, out)
+			continue
+		}
+		if !strings.Contains(out, c.want) {
+			t.Errorf("%s: error %q does not say %q", c.name, strings.TrimSpace(out), c.want)
+		}
+		if el := time.Since(start); el > 15*time.Second {
+			t.Errorf("%s: took %v", c.name, el)
+		}
+	}
+	// The mount that was there still works.
+	if b, err := os.ReadFile(filepath.Join(mnt, "peers/1/info")); err != nil || !strings.Contains(string(b), "gid 1") {
+		t.Fatalf("after the refused mounts: %v %q", err, b)
+	}
+}
