@@ -28,6 +28,12 @@ type Config struct {
 	// MTU is the default path MTU (payload bytes per packet) of new QPs;
 	// 0 means DefaultMTU. QPs may choose any MTU up to MaxMTU.
 	MTU int
+	// ClusterKey, if not empty, authenticates every packet with a keyed
+	// MAC: packets without a valid MAC are dropped and counted
+	// (DeviceStats.BadMAC), so that a host outside the cluster that learns
+	// an rkey or a DC key still cannot read or write memory. Payloads are
+	// then received into scratch and copied once verified (no steering).
+	ClusterKey []byte
 }
 
 // DefaultMTU is the default path MTU: InfiniBand's largest. Bulk transfers

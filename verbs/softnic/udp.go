@@ -7,12 +7,17 @@ import (
 // OpenUDP opens a device on a real UDP socket bound to addr ("host:port",
 // port 0 picks one), with GSO and GRO, the system clock and the default
 // path MTU.
-func OpenUDP(addr string) (*Device, error) {
+func OpenUDP(addr string) (*Device, error) { return OpenUDPKey(addr, nil) }
+
+// OpenUDPKey is OpenUDP with a cluster key: when key is not empty every
+// packet the device sends carries a keyed MAC, and every packet it
+// receives must carry a valid one (see Config.ClusterKey).
+func OpenUDPKey(addr string, key []byte) (*Device, error) {
 	l, err := udplink.Open(udplink.DefaultConfig(addr))
 	if err != nil {
 		return nil, err
 	}
-	d, err := Open(Config{Link: l})
+	d, err := Open(Config{Link: l, ClusterKey: key})
 	if err != nil {
 		l.Close()
 		return nil, err
