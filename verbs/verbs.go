@@ -457,6 +457,7 @@ type DeviceStats struct {
 	DCKeyRejects         uint64
 	Retransmits          uint64
 	Misplaced            uint64 // payload segments that landed where steering did not expect
+	BadMAC               uint64 // packets dropped for a missing or wrong cluster-key MAC
 	QPs, MRs             int
 	MRBytes              uint64
 }

@@ -67,6 +67,7 @@ type Device struct {
 	sendMu    sync.Mutex // guards sendOut
 	sendOut   outbox
 	closeOnce sync.Once
+	rxMAC     *macer // verifies received packets (cluster key); guarded by rxMu
 
 	mu        sync.RWMutex // guards the fields below
 	closed    bool
@@ -77,6 +78,7 @@ type Device struct {
 	nextPD    uint32
 	listeners map[uint32]verbs.AcceptFunc
 	rng       *rand.Rand
+	macKey    []byte // the cluster key, or nil; immutable after Open
 
 	stats struct {
 		txPackets, rxPackets atomic.Uint64
@@ -85,6 +87,7 @@ type Device struct {
 		dcKeyRejects         atomic.Uint64
 		retransmits          atomic.Uint64
 		misplaced            atomic.Uint64
+		badMAC               atomic.Uint64
 	}
 }
 
@@ -119,6 +122,13 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("%w: MTU %d outside [256, %d]", verbs.ErrInvalidArg, d.mtu, d.maxMTU)
 	}
 	d.nextQPN = 1 + d.rng.Uint32N(wire.PSNMask-1)
+	if len(cfg.ClusterKey) > 0 {
+		key := append([]byte(nil), cfg.ClusterKey...)
+		d.macKey = key
+		d.rxMAC = newMacer(key)
+		d.rxOut.mac = newMacer(key)
+		d.sendOut.mac = newMacer(key)
+	}
 	d.cm.init()
 	cfg.Link.Start(d)
 	return d, nil
@@ -224,6 +234,7 @@ func (d *Device) Stats() verbs.DeviceStats {
 	s.DCKeyRejects = d.stats.dcKeyRejects.Load()
 	s.Retransmits = d.stats.retransmits.Load()
 	s.Misplaced = d.stats.misplaced.Load()
+	s.BadMAC = d.stats.badMAC.Load()
 	return s
 }
 
@@ -360,7 +371,9 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 		h, _, err := wire.Parse(hdr)
 		d.steerHdr, d.steerLen, d.steerOK = h, plen, err == nil
 	}
-	if !d.steerOK || plen == 0 {
+	if !d.steerOK || plen == 0 || d.rxMAC != nil {
+		// With a cluster key nothing lands in memory before its MAC is
+		// checked: payloads go to scratch and are copied once verified.
 		return nil
 	}
 	h := &d.steerHdr
@@ -391,6 +404,10 @@ func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 	h, n, err := wire.Parse(hdr)
 	if err != nil || n != len(hdr) {
 		d.stats.malformed.Add(1)
+		return
+	}
+	if d.rxMAC != nil && !d.rxMAC.verify(hdr, payload) {
+		d.stats.badMAC.Add(1)
 		return
 	}
 	if h.Op.IsCM() {

@@ -14,9 +14,14 @@ import (
 type outbox struct {
 	pkts  []link.Packet
 	arena []byte
+	mac   *macer // signs every packet when the device has a cluster key
 }
 
 func (o *outbox) add(to netip.AddrPort, h *wire.Header, payload []byte) {
+	if o.mac != nil {
+		h.Flags |= wire.FlagMAC
+		h.MAC = [wire.MACLen]byte{}
+	}
 	start := len(o.arena)
 	o.arena = h.Append(o.arena)
 	o.pkts = append(o.pkts, link.Packet{To: to, Hdr: o.arena[start:len(o.arena):len(o.arena)], Payload: payload})
@@ -28,8 +33,12 @@ func (o *outbox) flush(d *Device) {
 		return
 	}
 	for i := range o.pkts {
+		p := &o.pkts[i]
+		if o.mac != nil {
+			o.mac.sign(p.Hdr, p.Payload)
+		}
 		d.stats.txPackets.Add(1)
-		d.stats.txBytes.Add(uint64(o.pkts[i].Len()))
+		d.stats.txBytes.Add(uint64(p.Len()))
 	}
 	_ = d.link.Send(o.pkts) // losses are the protocol's to repair
 	clear(o.pkts)

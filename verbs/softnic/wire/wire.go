@@ -16,6 +16,9 @@
 //	  4  u32  destination QPN (24 bits used; a DCT number for DC requests)
 //	  8  u32  source QPN (24 bits used)
 //	  12 u32  PSN (24 bits used)
+//	MACETH, 16 bytes, if FlagMAC (a cluster key is in use):
+//	  0  [16]u8  the first 16 bytes of HMAC-SHA256(cluster key, packet),
+//	           computed over the whole packet with this field zeroed
 //	DCETH, 12 bytes, if FlagDC (requests from a DCI):
 //	  0  u64  DC key
 //	  8  u32  session PSN: first PSN of the DCI's current session with
@@ -79,7 +82,8 @@ const (
 	CMETHLen     = 24
 	// MaxHeaderLen bounds every header: read this many bytes and HeaderLen
 	// can always decide.
-	MaxHeaderLen = BaseLen + DCETHLen + AtomicETHLen + ImmDtLen
+	MACLen       = 16
+	MaxHeaderLen = BaseLen + MACLen + DCETHLen + AtomicETHLen + ImmDtLen
 	// MaxPrivate bounds CM private data.
 	MaxPrivate = 192
 )
@@ -133,7 +137,8 @@ const (
 	FlagImm                         // ImmDt present (last packet)
 	FlagDC                          // DCETH present
 	FlagSolicited                   // solicited event
-	flagsAll      = FlagFirst | FlagLast | FlagAckReq | FlagImm | FlagDC | FlagSolicited
+	FlagMAC                         // MACETH present
+	flagsAll      = FlagFirst | FlagLast | FlagAckReq | FlagImm | FlagDC | FlagSolicited | FlagMAC
 )
 
 // Syndrome is the AETH syndrome.
@@ -176,6 +181,9 @@ type Header struct {
 	DestQP uint32
 	SrcQP  uint32
 	PSN    uint32
+
+	// MACETH
+	MAC [MACLen]byte
 
 	// DCETH
 	DCKey      uint64
@@ -222,6 +230,9 @@ func (h *Header) hasCMETH() bool { return h.Op.IsCM() }
 // Len is the encoded length of the header.
 func (h *Header) Len() int {
 	n := BaseLen
+	if h.Flags&FlagMAC != 0 {
+		n += MACLen
+	}
 	if h.hasDCETH() {
 		n += DCETHLen
 	}
@@ -275,6 +286,15 @@ func (h *Header) validate() error {
 	return nil
 }
 
+// MACField returns the MACETH bytes inside an encoded header, or nil if
+// the header has none.
+func MACField(hdr []byte) []byte {
+	if len(hdr) < BaseLen+MACLen || Flags(hdr[3])&FlagMAC == 0 {
+		return nil
+	}
+	return hdr[BaseLen : BaseLen+MACLen]
+}
+
 // HeaderLen returns the length of the header at the start of b, reading
 // only the base header. It fails if b is not a well-formed base header.
 func HeaderLen(b []byte) (int, error) {
@@ -311,6 +331,10 @@ func Parse(b []byte) (h Header, n int, err error) {
 	h.SrcQP = be.Uint32(b[8:])
 	h.PSN = be.Uint32(b[12:])
 	p := b[BaseLen:n]
+	if h.Flags&FlagMAC != 0 {
+		copy(h.MAC[:], p)
+		p = p[MACLen:]
+	}
 	if h.hasDCETH() {
 		h.DCKey = be.Uint64(p)
 		h.SessionPSN = be.Uint32(p[8:])
@@ -372,6 +396,9 @@ func (h *Header) Append(b []byte) []byte {
 	b = be.AppendUint32(b, h.DestQP)
 	b = be.AppendUint32(b, h.SrcQP)
 	b = be.AppendUint32(b, h.PSN)
+	if h.Flags&FlagMAC != 0 {
+		b = append(b, h.MAC[:]...)
+	}
 	if h.hasDCETH() {
 		b = be.AppendUint64(b, h.DCKey)
 		b = be.AppendUint32(b, h.SessionPSN)

@@ -21,6 +21,8 @@ func seedHeaders() []Header {
 		{Op: OpAtomicAck, DestQP: 1, SrcQP: 2, PSN: 4, Syndrome: SynAck, MSN: 5, Orig: 1<<64 - 1},
 		{Op: OpCMReq, Service: 1, CMQPN: 2, CMPSN: 3, CMMTU: 4096, ConnID: 1<<63 + 5},
 		{Op: OpCMRej, Service: 1, ConnID: 7},
+		{Op: OpReadReq, Flags: FlagFirst | FlagLast | FlagDC | FlagMAC, DestQP: 1, SrcQP: 2, PSN: 4, MAC: [16]byte{1, 2, 3}, DCKey: 5, SessionPSN: 4, VA: 64, RKey: 5, DMALen: 8, RespMTU: 4096},
+		{Op: OpAck, Flags: FlagMAC, DestQP: 1, SrcQP: 2, PSN: 4, MAC: [16]byte{15: 9}, Syndrome: SynAck, MSN: 5},
 	}
 }
 
