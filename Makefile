@@ -32,7 +32,7 @@ TEST_TIMEOUT ?= 20m
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench clean demo
+.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench clean demo install
 
 build:
 	$(GO) build ./...
@@ -89,6 +89,23 @@ demo: build
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) $(BENCH_PKGS)
+
+# Installs bin/krfs as $(DESTDIR)$(PREFIX)/bin/krfs, the mount(8) helper
+# $(DESTDIR)$(SBINDIR)/mount.fuse.krfs (a symlink to it: `mount -t fuse.krfs`
+# and fstab entries), and the systemd unit template krfs@.service.
+PREFIX ?= /usr/local
+SBINDIR ?= /sbin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+DESTDIR ?=
+INSTALL_BIN ?= bin/krfs
+
+install: build
+	install -D -m 0755 $(INSTALL_BIN) $(DESTDIR)$(PREFIX)/bin/krfs
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR)
+	ln -sfn $(PREFIX)/bin/krfs $(DESTDIR)$(SBINDIR)/mount.fuse.krfs
+	sed 's|/usr/local/bin/krfs|$(PREFIX)/bin/krfs|g' contrib/systemd/krfs@.service \
+		> $(DESTDIR)$(UNITDIR)/krfs@.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/krfs@.service
 
 clean:
 	rm -rf bin

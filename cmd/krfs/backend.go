@@ -188,9 +188,16 @@ func (b *nodeBackend) Stats(w io.Writer, asJSON bool) error {
 		Meta    meta.ClientStats
 		NIC     verbs.DeviceStats
 		Server  any `json:",omitempty"`
+		// For `krfs res` (JSON only).
+		QPs     []resQP   `json:",omitempty"`
+		Regions []resMR   `json:",omitempty"`
+		Peers   []resPeer `json:",omitempty"`
 	}{GID: b.node.GID(), Address: b.dev.Addr().String(), Node: b.node.Stats(), Meta: b.meta.Stats(), NIC: b.dev.Stats()}
 	if b.srv != nil {
 		st.Server = b.srv.Stats()
+	}
+	if asJSON {
+		st.QPs, st.Regions, st.Peers = b.resQPs(), b.resMRs(), b.resPeers()
 	}
 	if asJSON {
 		e := json.NewEncoder(w)

@@ -5,6 +5,7 @@
 //	krfs meta --listen ADDR         run a standalone meta service
 //	krfs atomic faa FILE OFFSET DELTA
 //	krfs atomic cas FILE OFFSET COMPARE SWAP
+//	krfs res MOUNTPOINT qp|mr|peer [-j]
 //	krfs version
 //
 // Run `krfs CMD -h` for the flags of a command.
@@ -39,6 +40,7 @@ func init() {
 		{"mount", "mount MOUNTPOINT [flags]: run a node and mount it", runMount},
 		{"meta", "meta --listen ADDR: run a standalone meta service", runMeta},
 		{"atomic", "atomic faa FILE OFFSET DELTA | atomic cas FILE OFFSET COMPARE SWAP", runAtomic},
+		{"res", "res MOUNTPOINT qp|mr|peer [-j]: list QPs, regions or peers, like rdma res show", runRes},
 		{"version", "version: print the version", func([]string, io.Writer, io.Writer) error {
 			fmt.Println("krfs", Version)
 			return nil

@@ -35,6 +35,9 @@ type mountFlags struct {
 	dcis        int
 	rcCap       int
 	debugFUSE   bool
+	metricsAddr string
+	daemon      bool
+	logFile     string
 	log         logFlags
 }
 
@@ -50,11 +53,20 @@ func (f *mountFlags) register(set *flag.FlagSet) {
 	set.IntVar(&f.dcis, "dcis", 0, "DCI pool size (0: qpcore's default)")
 	set.IntVar(&f.rcCap, "rc-cap", 0, "most RC QPs this node opens (0: qpcore's default)")
 	set.BoolVar(&f.debugFUSE, "debug-fuse", false, "log every FUSE request")
+	set.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this HOST:PORT at /metrics (empty: off)")
+	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up")
+	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; /dev/null with --daemon)")
 	f.log.register(set)
 }
 
-func runMount(args []string, stdout, stderr io.Writer) error {
+func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	var f mountFlags
+	orig := append([]string(nil), args...)
+	// A daemon child reports how the mount went to its parent.
+	ready := daemonChild()
+	if ready != nil {
+		defer func() { ready.done(err) }()
+	}
 	set := flag.NewFlagSet("krfs mount", flag.ContinueOnError)
 	set.SetOutput(stderr)
 	f.register(set)
@@ -78,7 +90,22 @@ func runMount(args []string, stdout, stderr io.Writer) error {
 		set.Usage()
 		return fmt.Errorf("%w: one MOUNTPOINT expected, got %d", errUsage, len(pos))
 	}
-	log, err := f.log.logger(stderr)
+	if isMountHelper() {
+		f.daemon = true // mount(8) waits for its helper to exit
+	}
+	if f.daemon && ready == nil {
+		return daemonize(orig, &f, stdout)
+	}
+	logw := stderr
+	if f.logFile != "" && ready == nil {
+		lf, err := openLogFile(f.logFile)
+		if err != nil {
+			return err
+		}
+		defer lf.Close()
+		logw = lf
+	}
+	log, err := f.log.logger(logw)
 	if err != nil {
 		return err
 	}
@@ -125,17 +152,33 @@ func runMount(args []string, stdout, stderr io.Writer) error {
 	}
 	defer d.close(log)
 
-	srv, err := fs.Mount(mnt, d.backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
+	var backend fs.Backend = d.backend
+	if f.metricsAddr != "" {
+		ops := newOpMetrics()
+		_, stop, err := serveMetrics(log, f.metricsAddr, metricsRegistry(d.backend, ops))
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %s: %w", f.metricsAddr, err)
+		}
+		defer stop()
+		backend = &meteredBackend{Backend: d.backend, m: ops}
+	}
+
+	srv, err := fs.Mount(mnt, backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
 		Timeout: f.timeout + time.Second, Debug: f.debugFUSE})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": d.backend.node.GID(), "address": d.dev.Addr(),
 		"meta": d.metaDesc}).Info("krfs mounted")
-	notifyReady()
-
+	// Catch signals before telling anyone the mount is up: a stop request
+	// right after READY=1 must unmount, not kill the daemon.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	notifyReady()
+	if ready != nil {
+		ready.done(nil)
+	}
+
 	served := make(chan struct{})
 	go func() { srv.Wait(); close(served) }()
 	select {

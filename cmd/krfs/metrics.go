@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
+
+	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/qpcore"
+)
+
+// Prometheus metrics of a node (--metrics-addr).
+//
+// Two sources feed them:
+//   - nodeCollector reads the node's counters at scrape time (qpcore,
+//     softnic device and QPs, meta client, regions); nothing is counted
+//     twice and nothing runs between scrapes;
+//   - opMetrics counts what the filesystem asks of peers (operations,
+//     bytes and latency by opcode and transport), measured around each
+//     fs.Conn call: the latency includes qpcore's queueing, the pre-check
+//     and the network, not the FUSE round trip.
+
+const metricsNS = "krfs"
+
+// opMetrics are measured around each operation on a peer.
+type opMetrics struct {
+	ops     *prometheus.CounterVec
+	bytes   *prometheus.CounterVec
+	errs    *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+}
+
+func newOpMetrics() *opMetrics {
+	return &opMetrics{
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNS, Name: "ops_total",
+			Help: "Operations on peers that completed, by opcode and the transport of the VQP (dc or rc)."},
+			[]string{"op", "transport"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNS, Name: "op_bytes_total",
+			Help: "Payload bytes of completed operations on peers, by opcode and transport."},
+			[]string{"op", "transport"}),
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNS, Name: "op_failures_total",
+			Help: "Operations on peers that failed, by opcode."}, []string{"op"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricsNS, Name: "op_duration_seconds",
+			Help: "Latency of operations on peers (qpcore and network; FUSE excluded), by opcode.",
+			// 2 us .. ~4 s in powers of two.
+			Buckets: prometheus.ExponentialBuckets(2e-6, 2, 22)}, []string{"op"}),
+	}
+}
+
+func (m *opMetrics) register(r prometheus.Registerer) {
+	r.MustRegister(m.ops, m.bytes, m.errs, m.latency)
+}
+
+func (m *opMetrics) observe(op string, c fs.Conn, start time.Time, n int, err error) {
+	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.errs.WithLabelValues(op).Inc()
+		return
+	}
+	tr := "unknown"
+	if vc, ok := c.(*vqpConn); ok {
+		tr = vc.v.Transport().String()
+	}
+	m.ops.WithLabelValues(op, tr).Inc()
+	m.bytes.WithLabelValues(op, tr).Add(float64(n))
+}
+
+// meteredBackend is an fs.Backend whose peer connections are measured.
+type meteredBackend struct {
+	fs.Backend
+	m *opMetrics
+}
+
+func (b *meteredBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
+	c, err := b.Backend.Connect(ctx, gid)
+	if err != nil {
+		return nil, err
+	}
+	return &meteredConn{Conn: c, m: b.m}, nil
+}
+
+type meteredConn struct {
+	fs.Conn
+	m *opMetrics
+}
+
+func (c *meteredConn) ReadAt(ctx context.Context, region string, p []byte, off int64) (int, error) {
+	start := time.Now()
+	n, err := c.Conn.ReadAt(ctx, region, p, off)
+	c.m.observe("read", c.Conn, start, n, err)
+	return n, err
+}
+
+func (c *meteredConn) WriteAt(ctx context.Context, region string, p []byte, off int64) (int, error) {
+	start := time.Now()
+	n, err := c.Conn.WriteAt(ctx, region, p, off)
+	c.m.observe("write", c.Conn, start, n, err)
+	return n, err
+}
+
+func (c *meteredConn) FetchAdd(ctx context.Context, region string, off int64, d uint64) (uint64, error) {
+	start := time.Now()
+	v, err := c.Conn.FetchAdd(ctx, region, off, d)
+	c.m.observe("fetch_add", c.Conn, start, 8, err)
+	return v, err
+}
+
+func (c *meteredConn) CompareAndSwap(ctx context.Context, region string, off int64, cmp, swap uint64) (uint64, error) {
+	start := time.Now()
+	v, err := c.Conn.CompareAndSwap(ctx, region, off, cmp, swap)
+	c.m.observe("compare_swap", c.Conn, start, 8, err)
+	return v, err
+}
+
+func (c *meteredConn) Send(ctx context.Context, port uint32, msg []byte) error {
+	start := time.Now()
+	err := c.Conn.Send(ctx, port, msg)
+	c.m.observe("send", c.Conn, start, len(msg), err)
+	return err
+}
+
+// nodeCollector reads a node's counters at scrape time.
+type nodeCollector struct {
+	b *nodeBackend
+}
+
+type metricDesc struct {
+	d *prometheus.Desc
+	t prometheus.ValueType
+}
+
+func desc(name, help string, t prometheus.ValueType, labels ...string) metricDesc {
+	return metricDesc{prometheus.NewDesc(metricsNS+"_"+name, help, labels, nil), t}
+}
+
+const (
+	counter = prometheus.CounterValue
+	gauge   = prometheus.GaugeValue
+)
+
+var (
+	mPeers      = desc("peers", "Peers this node keeps state for.", gauge)
+	mVQPs       = desc("vqps_open", "Virtual QPs open now.", gauge)
+	mConnects   = desc("connects_total", "VQP connects, served from known peer state (hit) or after a meta lookup (miss).", counter, "result")
+	mPeerEvict  = desc("peer_evictions_total", "Peers evicted from this node's peer table.", counter)
+	mWRs        = desc("wrs_posted_total", "Work requests posted, by transport.", counter, "transport")
+	mDoorbells  = desc("doorbells_total", "PostSend calls (doorbells) that carried the work requests.", counter)
+	mWRErrors   = desc("wr_errors_total", "Operations that ended in an error inside qpcore.", counter)
+	mFences     = desc("fences_total", "VQP fences while switching transport.", counter)
+	mSwitches   = desc("vqp_switches_total", "VQP moves between DC and RC, by destination transport.", counter, "to")
+	mDCIsFree   = desc("dcis_free", "Free DCIs in the pool now.", gauge)
+	mDCIWaiters = desc("dci_waiters", "Peers waiting for a DCI now.", gauge)
+	mDCIWaits   = desc("dci_waits_total", "Times a peer waited for a DCI.", counter)
+	mDCIYields  = desc("dci_yields_total", "Quota yields of a DCI to a waiting peer.", counter)
+	mRejects    = desc("precheck_rejects_total", "Requests refused by the pre-check before reaching a QP, by cause.", counter, "cause")
+	mQPErrors   = desc("qp_errors_total", "Error completions on shared QPs.", counter)
+	mRecoveries = desc("dci_recoveries_total", "DCIs recovered from the error state.", counter)
+	mReposted   = desc("reposted_total", "Innocent work requests posted again after a QP error.", counter)
+	mRemoteErr  = desc("remote_errors_total", "Remote errors reported to the operation's owner.", counter)
+	mRNR        = desc("rnr_retries_total", "Operations retried after receiver-not-ready.", counter)
+	mRelookups  = desc("relookups_total", "Meta re-lookups of stale or silent peers.", counter)
+	mStaleRetry = desc("stale_retries_total", "Operations retried after a re-lookup.", counter)
+	mUnreach    = desc("unreachable_total", "Peers found unreachable.", counter)
+	mPostErrors = desc("post_errors_total", "PostSend refusals (the pre-check should make these impossible).", counter)
+	mRCQPs      = desc("rc_qps", "RC QPs now, by side (active: opened by this node; passive: accepted).", gauge, "side")
+	mRCConnects = desc("rc_connects_total", "RC connections made (ok) or failed.", counter, "result")
+	mRCEvict    = desc("rc_evictions_total", "RC QPs evicted by the LRU (DC->RC pool full).", counter)
+	mRCIdle     = desc("rc_idle_teardowns_total", "RC QPs torn down when idle.", counter)
+	mRCFallback = desc("rc_fallbacks_total", "VQPs that fell back from RC to DC.", counter)
+	mRCErrors   = desc("rc_errors_total", "RC QP errors.", counter)
+	mRCAccepted = desc("rc_accepted_total", "Passive RC connections accepted.", counter)
+	mRCReclaim  = desc("rc_reclaimed_total", "Passive RC QPs reclaimed.", counter)
+	mDirReads   = desc("dir_reads_total", "Remote region directory READs, by result (ok or torn and repeated).", counter, "result")
+	mMsgs       = desc("messages_total", "Messages, by event (sent, received, rendezvous, dropped, malformed).", counter, "event")
+	mMsgBytes   = desc("message_bytes_total", "Message payload bytes delivered, by path (small or large).", counter, "path")
+	mMemCache   = desc("mem_cache_total", "Local buffer registration cache lookups, by result (hit, miss, eviction).", counter, "result")
+
+	mNICPackets = desc("nic_packets_total", "Packets the NIC sent and received.", counter, "direction")
+	mNICBytes   = desc("nic_bytes_total", "Bytes the NIC sent and received.", counter, "direction")
+	mNICSys     = desc("nic_syscalls_total", "System calls the NIC made to send and receive.", counter, "direction")
+	mNICDrops   = desc("nic_rx_dropped_total", "Received packets dropped, by reason (malformed, no_qp, dc_key).", counter, "reason")
+	mNICRetx    = desc("nic_retransmits_total", "Packets the NIC sent again.", counter)
+	mNICMisplc  = desc("nic_misplaced_total", "Payload segments copied because receive steering guessed wrong.", counter)
+	mNICQPs     = desc("nic_qps", "QPs on the NIC, by type and state.", gauge, "type", "state")
+	mNICMRs     = desc("nic_mrs", "Memory regions registered on the NIC.", gauge)
+	mNICMRBytes = desc("nic_mr_bytes", "Bytes of memory registered on the NIC.", gauge)
+	mQPRetx     = desc("qp_retransmits_total", "Packets a QP sent again, per QP.", counter, "qpn", "type")
+	mQPTimeouts = desc("qp_timeouts_total", "Retransmission timer expiries, per QP.", counter, "qpn", "type")
+	mQPNAKs     = desc("qp_naks_total", "NAKs per QP, by kind (seq, rnr, err) and direction (sent, received).", counter, "qpn", "type", "kind", "direction")
+	mQPErrs     = desc("qp_err_transitions_total", "Transitions of a QP to ERR, per QP.", counter, "qpn", "type")
+
+	mMeta = desc("meta_client_total", "Meta client events (lookup, cache_miss, read, torn_read, rpc, stray_reply, failover, connect, invalidation).", counter, "event")
+
+	mRegions     = desc("regions", "Regions this node exports.", gauge)
+	mRegionBytes = desc("region_bytes", "Size of each exported region.", gauge, "region")
+)
+
+var allDescs = []metricDesc{mPeers, mVQPs, mConnects, mPeerEvict, mWRs, mDoorbells, mWRErrors, mFences, mSwitches,
+	mDCIsFree, mDCIWaiters, mDCIWaits, mDCIYields, mRejects, mQPErrors, mRecoveries, mReposted, mRemoteErr, mRNR,
+	mRelookups, mStaleRetry, mUnreach, mPostErrors, mRCQPs, mRCConnects, mRCEvict, mRCIdle, mRCFallback, mRCErrors,
+	mRCAccepted, mRCReclaim, mDirReads, mMsgs, mMsgBytes, mMemCache, mNICPackets, mNICBytes, mNICSys, mNICDrops,
+	mNICRetx, mNICMisplc, mNICQPs, mNICMRs, mNICMRBytes, mQPRetx, mQPTimeouts, mQPNAKs, mQPErrs, mMeta, mRegions,
+	mRegionBytes}
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d.d
+	}
+}
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	emit := func(m metricDesc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(m.d, m.t, v, labels...)
+	}
+	u := func(v uint64) float64 { return float64(v) }
+	b := c.b
+
+	s := b.node.Stats()
+	emit(mPeers, float64(s.Peers))
+	emit(mVQPs, float64(s.VQPsOpen))
+	emit(mConnects, u(s.ConnectHits), "hit")
+	emit(mConnects, u(s.ConnectMisses), "miss")
+	emit(mPeerEvict, u(s.PeerEvictions))
+	emit(mWRs, u(s.OpsDC), qpcore.DC.String())
+	emit(mWRs, u(s.OpsRC), qpcore.RC.String())
+	emit(mDoorbells, u(s.Doorbells))
+	emit(mWRErrors, u(s.OpErrors))
+	emit(mFences, u(s.Fences))
+	emit(mSwitches, u(s.VQPToRC), "rc")
+	emit(mSwitches, u(s.VQPToDC), "dc")
+	emit(mDCIsFree, float64(s.DCIsFree))
+	emit(mDCIWaiters, float64(s.DCIWaiters))
+	emit(mDCIWaits, u(s.DCIWaits))
+	emit(mDCIYields, u(s.DCIYields))
+	for _, r := range []struct {
+		cause string
+		v     uint64
+	}{{"local_length", s.RejectLocal}, {"no_region", s.RejectNoRegion}, {"remote_bounds", s.RejectBounds},
+		{"remote_access", s.RejectAccess}, {"alignment", s.RejectAlign}, {"opcode", s.RejectOpcode},
+		{"would_block", s.RejectWouldBlock}} {
+		emit(mRejects, u(r.v), r.cause)
+	}
+	emit(mQPErrors, u(s.QPErrors))
+	emit(mRecoveries, u(s.DCIRecoveries))
+	emit(mReposted, u(s.Reposted))
+	emit(mRemoteErr, u(s.RemoteErrors))
+	emit(mRNR, u(s.RNRRetries))
+	emit(mRelookups, u(s.Relookups))
+	emit(mStaleRetry, u(s.StaleRetries))
+	emit(mUnreach, u(s.Unreachable))
+	emit(mPostErrors, u(s.PostErrors))
+	emit(mRCQPs, float64(s.RCActive), "active")
+	emit(mRCQPs, float64(s.RCPassive), "passive")
+	emit(mRCConnects, u(s.RCConnects), "ok")
+	emit(mRCConnects, u(s.RCConnectFailures), "failed")
+	emit(mRCEvict, u(s.RCEvictions))
+	emit(mRCIdle, u(s.RCIdle))
+	emit(mRCFallback, u(s.RCFallbacks))
+	emit(mRCErrors, u(s.RCErrors))
+	emit(mRCAccepted, u(s.RCAccepted))
+	emit(mRCReclaim, u(s.RCReclaimed))
+	emit(mDirReads, u(s.DirReads-min(s.DirTorn, s.DirReads)), "ok")
+	emit(mDirReads, u(s.DirTorn), "torn")
+	emit(mMsgs, u(s.MsgSent), "sent")
+	emit(mMsgs, u(s.MsgRecv), "received")
+	emit(mMsgs, u(s.MsgRendezvous), "rendezvous")
+	emit(mMsgs, u(s.MsgDropped), "dropped")
+	emit(mMsgs, u(s.MsgMalformed), "malformed")
+	emit(mMsgBytes, u(s.MsgSmallBytes), "small")
+	emit(mMsgBytes, u(s.MsgLargeBytes), "large")
+	emit(mMemCache, u(s.MemHits), "hit")
+	emit(mMemCache, u(s.MemMisses), "miss")
+	emit(mMemCache, u(s.MemEvictions), "eviction")
+
+	d := b.dev.Stats()
+	emit(mNICPackets, u(d.TxPackets), "tx")
+	emit(mNICPackets, u(d.RxPackets), "rx")
+	emit(mNICBytes, u(d.TxBytes), "tx")
+	emit(mNICBytes, u(d.RxBytes), "rx")
+	emit(mNICSys, u(d.TxSyscalls), "tx")
+	emit(mNICSys, u(d.RxSyscalls), "rx")
+	emit(mNICDrops, u(d.Malformed), "malformed")
+	emit(mNICDrops, u(d.NoQP), "no_qp")
+	emit(mNICDrops, u(d.DCKeyRejects), "dc_key")
+	emit(mNICRetx, u(d.Retransmits))
+	emit(mNICMisplc, u(d.Misplaced))
+	emit(mNICMRs, float64(d.MRs))
+	emit(mNICMRBytes, u(d.MRBytes))
+
+	type ts struct{ t, s string }
+	byTS := map[ts]int{}
+	for _, q := range b.dev.QPs() {
+		byTS[ts{q.Type.String(), q.State.String()}]++
+		qpn, typ := strconv.FormatUint(uint64(q.QPN), 10), q.Type.String()
+		qs := q.Stats
+		emit(mQPRetx, u(qs.Retransmits), qpn, typ)
+		emit(mQPTimeouts, u(qs.Timeouts), qpn, typ)
+		emit(mQPNAKs, u(qs.NAKSeqSent), qpn, typ, "seq", "sent")
+		emit(mQPNAKs, u(qs.NAKSeqRx), qpn, typ, "seq", "received")
+		emit(mQPNAKs, u(qs.RNRNAKSent), qpn, typ, "rnr", "sent")
+		emit(mQPNAKs, u(qs.RNRNAKRx), qpn, typ, "rnr", "received")
+		emit(mQPNAKs, u(qs.ErrNAKSent), qpn, typ, "err", "sent")
+		emit(mQPNAKs, u(qs.ErrNAKRx), qpn, typ, "err", "received")
+		emit(mQPErrs, u(qs.Errors), qpn, typ)
+	}
+	for k, n := range byTS {
+		emit(mNICQPs, float64(n), k.t, k.s)
+	}
+
+	m := b.meta.Stats()
+	for _, e := range []struct {
+		ev string
+		v  uint64
+	}{{"lookup", m.Lookups}, {"cache_miss", m.CacheMisses}, {"read", m.Reads}, {"torn_read", m.TornReads},
+		{"rpc", m.RPCs}, {"stray_reply", m.StrayReplies}, {"failover", m.Failovers}, {"connect", m.Connects},
+		{"invalidation", m.Invalidated}} {
+		emit(mMeta, u(e.v), e.ev)
+	}
+
+	regions := b.Regions()
+	emit(mRegions, float64(len(regions)))
+	for _, r := range regions {
+		emit(mRegionBytes, float64(r.Size), r.Name)
+	}
+}
+
+// metricsRegistry holds every metric of a node, and the Go runtime's.
+func metricsRegistry(b *nodeBackend, ops *opMetrics) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&nodeCollector{b: b})
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ops.register(reg)
+	return reg
+}
+
+// serveMetrics serves /metrics on addr until the returned stop is called;
+// bound is the address it listens on.
+func serveMetrics(log *logrus.Logger, addr string, reg *prometheus.Registry) (bound net.Addr, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: log}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte("krfs: metrics at /metrics\n"))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warnf("metrics server: %v", err)
+		}
+	}()
+	log.Infof("metrics at http://%s/metrics", ln.Addr())
+	return ln.Addr(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// testNode starts an in-process node with an embedded meta service on
+// loopback, its regions in a temporary directory.
+func testNode(t *testing.T) *daemon {
+	t.Helper()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Second}
+	d, err := startNode(log, f, netip.MustParseAddrPort("127.0.0.1:0"), nil, 1<<20)
+	if err != nil {
+		t.Fatalf("starting a node: %v", err)
+	}
+	t.Cleanup(func() { d.close(log) })
+	return d
+}
+
+// scrape returns the metric samples of a /metrics page, keyed by the
+// sample's name and labels as printed.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("scrape %s: %v %s", url, err, resp.Status)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("bad sample %q", line)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+func TestMetricsAfterTraffic(t *testing.T) {
+	d := testNode(t)
+	ops := newOpMetrics()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	addr, stop, err := serveMetrics(log, "127.0.0.1:0", metricsRegistry(d.backend, ops))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	url := "http://" + addr.String() + "/metrics"
+
+	before := scrape(t, url)
+	if before[`krfs_regions`] != 1 || before[`krfs_region_bytes{region="mem"}`] != 1<<20 {
+		t.Fatalf("regions before traffic: %v %v", before[`krfs_regions`], before[`krfs_region_bytes{region="mem"}`])
+	}
+
+	b := &meteredBackend{Backend: d.backend, m: ops}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	self := d.backend.Self()
+	c, err := b.Connect(ctx, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for i := 0; i < 10; i++ {
+		if _, err := c.WriteAt(ctx, "mem", buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ReadAt(ctx, "mem", buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.FetchAdd(ctx, "mem", 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Out of bounds: refused by the pre-check, counted as a failure.
+	if _, err := c.ReadAt(ctx, "mem", buf, 1<<20); err == nil {
+		t.Fatal("a read past the region succeeded")
+	}
+	c.Close()
+	if _, err := d.backend.Export("extra", 64<<10, 0o600, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	after := scrape(t, url)
+	sum := func(m map[string]float64, prefix string) float64 {
+		var s float64
+		for k, v := range m {
+			if strings.HasPrefix(k, prefix) {
+				s += v
+			}
+		}
+		return s
+	}
+	checks := []struct {
+		name     string
+		min      float64
+		got, was float64
+	}{
+		{"reads", 10, sum(after, `krfs_ops_total{op="read"`), sum(before, `krfs_ops_total{op="read"`)},
+		{"writes", 10, sum(after, `krfs_ops_total{op="write"`), sum(before, `krfs_ops_total{op="write"`)},
+		{"fetch_add", 1, sum(after, `krfs_ops_total{op="fetch_add"`), 0},
+		{"read bytes", 10 * 4096, sum(after, `krfs_op_bytes_total{op="read"`), 0},
+		{"read latency count", 11, after[`krfs_op_duration_seconds_count{op="read"}`], 0},
+		{"read failures", 1, after[`krfs_op_failures_total{op="read"}`], 0},
+		{"connects", 1, sum(after, `krfs_connects_total`), sum(before, `krfs_connects_total`)},
+		{"wrs posted", 21, sum(after, `krfs_wrs_posted_total`), sum(before, `krfs_wrs_posted_total`)},
+		{"pre-check rejects", 1, sum(after, `krfs_precheck_rejects_total`), sum(before, `krfs_precheck_rejects_total`)},
+		{"nic tx packets", 20, after[`krfs_nic_packets_total{direction="tx"}`], before[`krfs_nic_packets_total{direction="tx"}`]},
+		{"meta lookups", 1, sum(after, `krfs_meta_client_total{event="lookup"}`), sum(before, `krfs_meta_client_total{event="lookup"}`)},
+		{"regions", 1, after[`krfs_regions`], before[`krfs_regions`]},
+	}
+	for _, c := range checks {
+		if c.got-c.was < c.min {
+			t.Errorf("%s moved by %v (from %v to %v), want at least %v", c.name, c.got-c.was, c.was, c.got, c.min)
+		}
+	}
+	if after[`krfs_region_bytes{region="extra"}`] != 64<<10 {
+		t.Errorf("region extra: %v bytes", after[`krfs_region_bytes{region="extra"}`])
+	}
+	// Labels print sorted by name: state before type.
+	var dct float64
+	for k, v := range after {
+		if strings.HasPrefix(k, "krfs_nic_qps{") && strings.HasSuffix(k, `type="DCT"}`) {
+			dct += v
+		}
+	}
+	if after[`krfs_nic_qps{state="RTS",type="DCI"}`] < 1 || dct < 1 {
+		t.Errorf("QPs: DCIs in RTS %v, DCTs %v", after[`krfs_nic_qps{state="RTS",type="DCI"}`], dct)
+	}
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRes lists the QPs, regions and peers of an in-process node from the
+// stats.json its backend writes.
+func TestRes(t *testing.T) {
+	d := testNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := d.backend.Connect(ctx, d.backend.Self())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteAt(ctx, "mem", []byte("hello"), 0); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	dir := t.TempDir()
+	var js bytes.Buffer
+	if err := d.backend.Stats(&js, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "stats.json"), js.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := func(args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if err := runRes(append([]string{dir}, args...), &out, &errb); err != nil {
+			t.Fatalf("res %v: %v %s", args, err, errb.String())
+		}
+		return out.String()
+	}
+
+	qp := res("qp")
+	if !regexp.MustCompile(`(?m)^link softnic/1 lqpn \d+ type DCI state RTS sq-psn \d+ rq-psn \d+ `).MatchString(qp) ||
+		!strings.Contains(qp, " type DCT ") {
+		t.Errorf("res qp:\n%s", qp)
+	}
+	mr := res("mr")
+	if !regexp.MustCompile(`(?m)^link softnic/1 rkey 0x[0-9a-f]+ mrlen 1048576 access \S+ name mem mode 0666 uid 0 gid 0$`).MatchString(mr) {
+		t.Errorf("res mr:\n%s", mr)
+	}
+	peer := res("peer")
+	want := regexp.MustCompile(`(?m)^link softnic/1 gid \d+ address 127\.0\.0\.1:\d+ incarnation 0x[0-9a-f]+ transport (dc|rc) .* self$`)
+	if !want.MatchString(peer) {
+		t.Errorf("res peer:\n%s", peer)
+	}
+
+	var qps []resQP
+	if err := json.Unmarshal([]byte(res("qp", "-j")), &qps); err != nil || len(qps) == 0 {
+		t.Fatalf("res qp -j: %v %d QPs", err, len(qps))
+	}
+	var mrs []resMR
+	if err := json.Unmarshal([]byte(res("-j", "mr")), &mrs); err != nil || len(mrs) != 1 || mrs[0].Name != "mem" || mrs[0].MRLen != 1<<20 {
+		t.Fatalf("res mr -j: %v %+v", err, mrs)
+	}
+
+	var out, errb bytes.Buffer
+	if err := runRes([]string{dir, "cq"}, &out, &errb); err == nil {
+		t.Error("res cq succeeded")
+	}
+	if err := runRes([]string{t.TempDir(), "qp"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "not a running krfs mount") {
+		t.Errorf("res on a plain directory: %v", err)
+	}
+}
