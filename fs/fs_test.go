@@ -178,6 +178,17 @@ func TestLocalRegionsAndPorts(t *testing.T) {
 	if err := os.Remove(reg); err != nil {
 		t.Fatal(err)
 	}
+	// The default region keeps its size: a shell redirection's truncation
+	// is ignored, a resize refused.
+	if err := os.WriteFile(filepath.Join(dir, "regions/mem"), []byte("shell"), 0); err != nil {
+		t.Fatalf("echo > regions/mem: %v", err)
+	}
+	if st, _ := os.Stat(filepath.Join(dir, "regions/mem")); st.Size() != 4096 {
+		t.Fatalf("regions/mem resized to %d by a redirection", st.Size())
+	}
+	if err := os.Truncate(filepath.Join(dir, "regions/mem"), 100); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("truncate regions/mem: %v, want EPERM", err)
+	}
 	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("removed region still there: %v", err)
 	}

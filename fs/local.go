@@ -138,6 +138,15 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 		}
 	}
 	if sz, ok := in.GetSize(); ok && int64(sz) != info.Size {
+		if f.name == "mem" {
+			// The default region's size is the daemon's --mem-size. A
+			// truncation to zero (a shell's > redirection) is ignored, as
+			// on peer files; other sizes are refused.
+			if sz == 0 {
+				return f.Getattr(ctx, fh, out)
+			}
+			return syscall.EPERM
+		}
 		if sz > 1<<40 {
 			return syscall.EFBIG
 		}

@@ -88,3 +88,49 @@ func TestMountErrors(t *testing.T) {
 		t.Fatalf("after the refused mounts: %v %q", err, b)
 	}
 }
+
+// TestClusterKeyFile: nodes sharing --cluster-key-file form a cluster; a
+// node with another key cannot even reach the meta service, and its
+// packets are counted as rejected.
+func TestClusterKeyFile(t *testing.T) {
+	requireE2E(t)
+	top, _ := filepath.Abs("..")
+	bin := build(t, top)
+	dir := t.TempDir()
+	key, other := filepath.Join(dir, "key"), filepath.Join(dir, "other")
+	if err := os.WriteFile(key, []byte("a cluster secret of some length\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte("a different secret entirely!!\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m1, m2 := t.TempDir(), t.TempDir()
+	startMount(t, bin, m1, "--listen", "127.0.0.1:4841", "--gid", "1", "--shm-dir", t.TempDir(), "--cluster-key-file", key)
+	startMount(t, bin, m2, "--listen", "127.0.0.1:4842", "--gid", "2", "--shm-dir", t.TempDir(), "--cluster-key-file", key, "--meta", "127.0.0.1:4841")
+	if err := os.WriteFile(filepath.Join(m1, "regions/mem"), []byte("keyed"), 0); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(m2, "peers/1/mem"))
+	if err != nil || string(b[:5]) != "keyed" {
+		t.Fatalf("keyed peer read: %v %q", err, b[:min(len(b), 5)])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "mount", t.TempDir(), "--listen", "127.0.0.1:4843", "--gid", "3",
+		"--cluster-key-file", other, "--meta", "127.0.0.1:4841").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "unreachable") {
+		t.Fatalf("a node with the wrong key joined: %v %s", err, out)
+	}
+	stats, err := os.ReadFile(filepath.Join(m1, "stats"))
+	if err != nil || !strings.Contains(string(stats), "nic.BadMAC") || strings.Contains(string(stats), "nic.BadMAC 0\n") {
+		t.Fatalf("rejected packets not counted in stats: %v\n%s", err, stats)
+	}
+	// A key file others can read is refused.
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.CommandContext(ctx, bin, "mount", t.TempDir(), "--listen", "127.0.0.1:4844", "--cluster-key-file", key).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "chmod 600") {
+		t.Fatalf("world-readable key file: %v %s", err, out)
+	}
+}

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -21,6 +23,7 @@ func runMeta(args []string, stdout, stderr io.Writer) error {
 	set := flag.NewFlagSet("krfs meta", flag.ContinueOnError)
 	set.SetOutput(stderr)
 	listen := set.String("listen", "127.0.0.1:4790", "address of the meta service's software NIC")
+	keyFile := set.String("cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it")
 	var lf logFlags
 	lf.register(set)
 	if err := set.Parse(args); err != nil {
@@ -37,7 +40,11 @@ func runMeta(args []string, stdout, stderr io.Writer) error {
 	if err != nil || ap.Addr().IsUnspecified() {
 		return fmt.Errorf("%w: --listen %q: want a specific IP:PORT", errUsage, *listen)
 	}
-	dev, err := softnic.OpenUDP(ap.String())
+	key, err := readClusterKey(*keyFile)
+	if err != nil {
+		return err
+	}
+	dev, err := softnic.OpenUDPKey(ap.String(), key)
 	if err != nil {
 		if errors.Is(err, unix.EADDRINUSE) {
 			return fmt.Errorf("--listen %v is in use: %w", ap, err)
@@ -51,4 +58,28 @@ func runMeta(args []string, stdout, stderr io.Writer) error {
 	err = meta.Serve(ctx, dev, meta.ServerConfig{})
 	log.Info("meta service stopped")
 	return err
+}
+
+// readClusterKey reads --cluster-key-file: at least 16 bytes of secret
+// (surrounding white space ignored), in a file others cannot read.
+func readClusterKey(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-key-file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("--cluster-key-file %s: mode %v lets others read the cluster key; chmod 600 it", path, st.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-key-file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < 16 {
+		return nil, fmt.Errorf("%w: --cluster-key-file %s: the key must be at least 16 bytes", errUsage, path)
+	}
+	return b, nil
 }

@@ -29,6 +29,7 @@ type mountFlags struct {
 	gid         uint
 	memSize     string
 	shmDir      string
+	keyFile     string
 	timeout     time.Duration
 	allowOther  bool
 	defaultPerm bool
@@ -47,6 +48,7 @@ func (f *mountFlags) register(set *flag.FlagSet) {
 	set.UintVar(&f.gid, "gid", 0, "this node's gid (0: assigned by the meta service)")
 	set.StringVar(&f.memSize, "mem-size", "16M", "size of the default region mem (like 16M, 1G)")
 	set.StringVar(&f.shmDir, "shm-dir", "", "directory of the region files (default /dev/shm/krfs-GID)")
+	set.StringVar(&f.keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it")
 	set.DurationVar(&f.timeout, "timeout", time.Second, "how long an operation to an unresponsive peer takes to fail")
 	set.BoolVar(&f.allowOther, "allow-other", false, "let users other than root use the mount")
 	set.BoolVar(&f.defaultPerm, "default-permissions", false, "let the kernel enforce file modes and owners")
@@ -202,7 +204,11 @@ type daemon struct {
 }
 
 func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*daemon, error) {
-	dev, err := softnic.OpenUDP(listen.String())
+	key, err := readClusterKey(f.keyFile)
+	if err != nil {
+		return nil, err
+	}
+	dev, err := softnic.OpenUDPKey(listen.String(), key)
 	if err != nil {
 		if errors.Is(err, unix.EADDRINUSE) {
 			return nil, fmt.Errorf("--listen %v is in use (another krfs node?): %w", listen, err)
