@@ -1,6 +1,6 @@
 # krfs build, test and benchmark entry points. `make test` is what CI runs.
 #
-# Variables (override on the command line, e.g. `make bench BENCH=UDP`):
+# Variables (override on the command line, e.g. `make gobench BENCH=UDP`):
 #   FUZZTIME       how much `make test` fuzzes each Fuzz target (300000x executions;
 #                  counts, not durations: Go 1.26's -fuzztime deadline race,
 #                  go.dev/issue/75804, fails duration runs on a busy machine)
@@ -32,7 +32,7 @@ TEST_TIMEOUT ?= 20m
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench clean demo install
+.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench gobench clean demo install
 
 build:
 	$(GO) build ./...
@@ -87,7 +87,13 @@ fuzz:
 demo: build
 	scripts/demo.sh
 
-bench:
+# The comparison suite: krfs against same-run baselines, tables, JSON and
+# plots in bench-results/ (see BENCHMARKS.md). Needs root for the FUSE rows.
+bench: build
+	scripts/bench.sh
+
+# The Go benchmarks alone (BENCH, BENCHTIME, BENCHCOUNT, BENCH_PKGS).
+gobench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) $(BENCH_PKGS)
 
 # Installs bin/krfs as $(DESTDIR)$(PREFIX)/bin/krfs, the mount(8) helper

@@ -63,6 +63,9 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 			DirectMountStrict: true,
 			Debug:             o.Debug,
 			DisableXAttrs:     true,
+			// A 1 MiB request does not fit a pipe: splice would fail and
+			// fall back on every large request, logging each time.
+			DisableSplice: true,
 		},
 	}
 	_ = long

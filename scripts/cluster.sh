@@ -15,8 +15,10 @@
 # Environment: KRFS_BIN (default bin/krfs, built if missing), KRFS_DIR (state
 # and mounts, default /run/krfs-cluster), KRFS_NET (the /24 used inside the
 # namespaces, default 10.77.0), KRFS_MEM (default region size, 16M).
-# Hosts are namespaces krfs-h1..N at $KRFS_NET.1..N, the meta service is
-# krfs-meta at $KRFS_NET.254, the bridge lives in namespace krfs-sw. The
+# KRFS_NS (namespace prefix, default krfs) keeps clusters apart: hosts are
+# namespaces $KRFS_NS-h1..N at $KRFS_NET.1..N, the meta service is
+# $KRFS_NS-meta at $KRFS_NET.254, the bridge lives in $KRFS_NS-sw, and
+# `down` removes only that prefix's namespaces. The
 # daemons are started with `nsenter --net` (not `ip netns exec`, which would
 # hide their FUSE mounts in a private mount namespace).
 set -euo pipefail
@@ -24,6 +26,7 @@ set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${KRFS_BIN:-$top/bin/krfs}
 DIR=${KRFS_DIR:-/run/krfs-cluster}
+NS=${KRFS_NS:-krfs}
 NET=${KRFS_NET:-10.77.0}
 MEM=${KRFS_MEM:-16M}
 META_PORT=4790
@@ -44,11 +47,12 @@ build() {
 
 # link NS ADDR: a veth pair from namespace NS (eth0 with ADDR) to the bridge.
 link() {
-	local ns=$1 addr=$2 peer="v-$1"
+	local ns=$1 addr=$2 peer="v-${1##*-}"
 	ip netns add "$ns"
-	ip link add "$peer" type veth peer name eth0 netns "$ns"
-	ip link set "$peer" netns krfs-sw
-	ip -n krfs-sw link set "$peer" master br0 up
+	# Created inside the switch namespace, so that no name is ever taken in
+	# the root namespace and clusters with other prefixes cannot collide.
+	ip -n "$NS-sw" link add "$peer" type veth peer name eth0 netns "$ns"
+	ip -n "$NS-sw" link set "$peer" master br0 up
 	ip -n "$ns" addr add "$addr/24" dev eth0
 	ip -n "$ns" link set eth0 up
 	ip -n "$ns" link set lo up
@@ -69,13 +73,13 @@ start_host() {
 	# A crashed host leaves a stale mount (ENOTCONN) that mkdir cannot
 	# stat; the daemon cleans it up itself.
 	mkdir -p "$mnt" 2>/dev/null || true
-	nsenter --net="/run/netns/krfs-h$i" "$BIN" mount "$mnt" --meta "$NET.254:$META_PORT" --listen "$NET.$i:$PORT" \
+	nsenter --net="/run/netns/$NS-h$i" "$BIN" mount "$mnt" --meta "$NET.254:$META_PORT" --listen "$NET.$i:$PORT" \
 		--gid "$i" --mem-size "$MEM" --shm-dir "$DIR/shm-h$i" >>"$DIR/h$i.log" 2>&1 &
 	echo $! >"$DIR/h$i.pid"
 }
 
 start_meta() {
-	nsenter --net=/run/netns/krfs-meta "$BIN" meta --listen "$NET.254:$META_PORT" >>"$DIR/meta.log" 2>&1 &
+	nsenter --net=/run/netns/$NS-meta "$BIN" meta --listen "$NET.254:$META_PORT" >>"$DIR/meta.log" 2>&1 &
 	echo $! >"$DIR/meta.pid"
 }
 
@@ -108,17 +112,17 @@ up() {
 	local n=${1:-3}
 	[[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "up N: N from 1 to 200"
 	need_root
-	[ -e /run/netns/krfs-sw ] && die "a cluster is already up (scripts/cluster.sh down first)"
+	[ -e /run/netns/$NS-sw ] && die "a cluster is already up (scripts/cluster.sh down first)"
 	build
 	mkdir -p "$DIR"
-	ip netns add krfs-sw
-	ip -n krfs-sw link add br0 type bridge
-	ip -n krfs-sw link set br0 up
-	ip -n krfs-sw link set lo up
-	link krfs-meta "$NET.254"
+	ip netns add $NS-sw
+	ip -n $NS-sw link add br0 type bridge
+	ip -n $NS-sw link set br0 up
+	ip -n $NS-sw link set lo up
+	link $NS-meta "$NET.254"
 	start_meta
 	for i in $(seq 1 "$n"); do
-		link "krfs-h$i" "$NET.$i"
+		link "$NS-h$i" "$NET.$i"
 	done
 	sleep 0.2
 	for i in $(seq 1 "$n"); do
@@ -146,14 +150,14 @@ down() {
 		[ -d "$m" ] || continue
 		umount -l "$m" 2>/dev/null || true
 	done
-	for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^krfs-' || true); do
+	for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$NS-" || true); do
 		ip netns del "$ns" 2>/dev/null || true
 	done
 	rm -rf "$DIR"
 }
 
 status() {
-	ip netns list 2>/dev/null | grep '^krfs-' || echo "no cluster namespaces"
+	ip netns list 2>/dev/null | grep "^$NS-" || echo "no cluster namespaces"
 	grep " $DIR/" /proc/self/mounts 2>/dev/null || true
 }
 

@@ -111,7 +111,8 @@ func tail(b []byte, n int) string {
 }
 
 func (c *cluster) env() []string {
-	return append(os.Environ(), "KRFS_BIN="+c.bin, "KRFS_DIR="+c.dir, "KRFS_NET=10.78.0", "KRFS_MEM=4M")
+	return append(os.Environ(), "KRFS_BIN="+c.bin, "KRFS_DIR="+c.dir, "KRFS_NET=10.78.0", "KRFS_MEM=4M",
+		fmt.Sprintf("KRFS_NS=ke%d", os.Getpid()%100000))
 }
 
 func (c *cluster) script(args ...string) ([]byte, error) {

@@ -41,6 +41,7 @@ func init() {
 		{"meta", "meta --listen ADDR: run a standalone meta service", runMeta},
 		{"atomic", "atomic faa FILE OFFSET DELTA | atomic cas FILE OFFSET COMPARE SWAP", runAtomic},
 		{"res", "res MOUNTPOINT qp|mr|peer [-j]: list QPs, regions or peers, like rdma res show", runRes},
+		{"bench", "bench TEST [flags]: perftest-style benchmarks", runBench},
 		{"version", "version: print the version", func([]string, io.Writer, io.Writer) error {
 			fmt.Println("krfs", Version)
 			return nil

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs/softnic"
+)
+
+// apiTarget benchmarks a peer through the Go API, as a fresh application
+// would: its own device, meta client and qpcore node, a VQP to the peer.
+type apiTarget struct {
+	o      *benchOpts
+	dev    *softnic.Device
+	cl     *meta.Client // the node's resolver (cached)
+	raw    *meta.Client // meta_lookup: no cache
+	node   *qpcore.Node
+	agent  *meta.Agent
+	v      *qpcore.VQP
+	gid    uint32
+	region string
+	regLen uint64
+	bufs   [][]byte
+	wrs    []qpcore.WR
+	cs     []qpcore.Completion
+}
+
+func parseServers(s string) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(f)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, s)
+		}
+		out = append(out, ap)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, s)
+	}
+	return out, nil
+}
+
+func openAPITarget(o *benchOpts) (_ *apiTarget, err error) {
+	servers, err := parseServers(o.meta)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := netip.ParseAddrPort(o.listen); err != nil {
+		return nil, fmt.Errorf("%w: --listen %q: want IP:PORT", errUsage, o.listen)
+	}
+	t := &apiTarget{o: o, gid: uint32(o.gid), region: o.region}
+	defer func() {
+		if err != nil {
+			t.close()
+		}
+	}()
+	if t.dev, err = softnic.OpenUDP(o.listen); err != nil {
+		return nil, fmt.Errorf("opening the NIC on %s: %w", o.listen, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	if t.cl, err = meta.NewClient(ctx, t.dev, meta.ClientConfig{Servers: servers}); err != nil {
+		return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
+	}
+	if o.test == "meta_lookup" {
+		if t.raw, err = meta.NewClient(ctx, t.dev, meta.ClientConfig{Servers: servers, CacheEntries: -1}); err != nil {
+			return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
+		}
+	}
+	if t.node, err = qpcore.NewNode(t.dev, t.cl, qpcore.Config{VQPDepth: max(o.outstanding, qpcore.DefaultVQPDepth), DisableRC: o.transport == "dc"}); err != nil {
+		return nil, err
+	}
+	if o.register {
+		if t.agent, err = t.cl.Register(ctx, t.node.Info(), meta.AgentConfig{}); err != nil {
+			return nil, fmt.Errorf("registering with the meta service: %w", err)
+		}
+		t.node.SetGID(t.agent.Info().GID)
+	}
+	if t.v, err = t.node.Connect(ctx, t.gid); err != nil {
+		return nil, fmt.Errorf("connect to gid %d: %w", t.gid, err)
+	}
+	if o.test != "send_lat" && o.test != "meta_lookup" {
+		reg, err := t.v.Region(ctx, t.region)
+		if err != nil {
+			return nil, fmt.Errorf("gid %d region %q: %w", t.gid, t.region, err)
+		}
+		t.regLen = reg.Len
+	}
+	if o.transport == "rc" {
+		if err := t.makeHot(); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// makeHot reads from the peer, 64 READs at a time, until qpcore moved
+// it to an RC QP.
+func (t *apiTarget) makeHot() error {
+	const k = 64
+	for i := range k {
+		t.buf(i, 8)
+	}
+	end := time.Now().Add(t.o.timeout)
+	for t.v.Transport() != qpcore.RC {
+		if time.Now().After(end) {
+			return fmt.Errorf("gid %d did not move to RC within %v", t.gid, t.o.timeout)
+		}
+		if err := t.stream(false, 8, 16*k, k, time.Time{}, func() {}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *apiTarget) describe() string {
+	s := fmt.Sprintf("gid %d region %s via meta %s, bench node on %v", t.gid, t.region, t.o.meta, t.dev.Addr())
+	if t.o.test == "send_lat" {
+		s = fmt.Sprintf("gid %d port %d via meta %s, bench node on %v", t.gid, t.o.port, t.o.meta, t.dev.Addr())
+	}
+	if t.v != nil {
+		s += fmt.Sprintf(" (transport %v)", t.v.Transport())
+	}
+	return s
+}
+
+func (t *apiTarget) limit() int64 { return int64(t.regLen) }
+
+func (t *apiTarget) buf(i, size int) []byte {
+	for len(t.bufs) <= i {
+		t.bufs = append(t.bufs, nil)
+	}
+	if len(t.bufs[i]) < size {
+		if t.bufs[i] != nil {
+			_ = t.node.Unregister(t.bufs[i])
+		}
+		t.bufs[i] = make([]byte, size)
+		_ = t.node.Register(t.bufs[i]) // else registered on first use
+	}
+	return t.bufs[i]
+}
+
+func (t *apiTarget) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), t.o.timeout)
+}
+
+func (t *apiTarget) read(p []byte) error {
+	ctx, cancel := t.ctx()
+	defer cancel()
+	return t.v.Read(ctx, p, t.region, 0)
+}
+
+func (t *apiTarget) write(p []byte) error {
+	ctx, cancel := t.ctx()
+	defer cancel()
+	return t.v.Write(ctx, p, t.region, 0)
+}
+
+func (t *apiTarget) fetchAdd() error {
+	ctx, cancel := t.ctx()
+	defer cancel()
+	_, err := t.v.FetchAdd(ctx, t.region, 0, 1)
+	return err
+}
+
+func (t *apiTarget) send(p []byte) error {
+	ctx, cancel := t.ctx()
+	defer cancel()
+	return t.v.Send(ctx, uint32(t.o.port), p)
+}
+
+func (t *apiTarget) stream(write bool, size, n, outstanding int, deadline time.Time, done func()) error {
+	op := qpcore.OpRead
+	if write {
+		op = qpcore.OpWrite
+	}
+	if len(t.wrs) < outstanding {
+		t.wrs = make([]qpcore.WR, outstanding)
+		t.cs = make([]qpcore.Completion, outstanding)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	posted, completed, inflight := 0, 0, 0
+	more := func() bool {
+		if deadline.IsZero() {
+			return posted < n
+		}
+		return posted%64 != 0 || time.Now().Before(deadline)
+	}
+	free := make([]int, 0, outstanding) // buffer indexes not in flight
+	for i := outstanding - 1; i >= 0; i-- {
+		free = append(free, i)
+	}
+	for {
+		k := 0
+		for len(free) > 0 && more() {
+			i := free[len(free)-1]
+			free = free[:len(free)-1]
+			t.wrs[k] = qpcore.WR{ID: uint64(i), Op: op, Local: t.bufs[i][:size], Region: t.region}
+			k++
+			posted++
+		}
+		if k > 0 {
+			if _, err := t.v.Post(ctx, t.wrs[:k], 0); err != nil {
+				return err
+			}
+			inflight += k
+		}
+		if inflight == 0 {
+			return nil
+		}
+		wctx, wcancel := context.WithTimeout(ctx, t.o.timeout)
+		err := t.v.Wait(wctx)
+		wcancel()
+		if err != nil {
+			return fmt.Errorf("%d operations outstanding: %w", inflight, err)
+		}
+		m := t.v.Poll(t.cs[:outstanding])
+		for _, c := range t.cs[:m] {
+			if c.Err != nil {
+				return c.Err
+			}
+			free = append(free, int(c.ID))
+			inflight--
+			completed++
+			done()
+		}
+	}
+}
+
+func (t *apiTarget) variants(test string) []string {
+	if test == "meta_lookup" {
+		return []string{"one-sided", "rpc"}
+	}
+	return []string{"warm", "cold", "cold+read8"}
+}
+
+func (t *apiTarget) once(test, variant string) (time.Duration, error) {
+	ctx, cancel := t.ctx()
+	defer cancel()
+	switch variant {
+	case "one-sided", "rpc":
+		t0 := time.Now()
+		var err error
+		if variant == "rpc" {
+			_, err = t.raw.LookupRPC(ctx, t.gid)
+		} else {
+			_, err = t.raw.Lookup(ctx, t.gid)
+		}
+		return time.Since(t0), err
+	}
+	if variant != "warm" {
+		// The bench's own VQP stays open, which keeps the peer known:
+		// close it for the cold variants.
+		if t.v != nil {
+			t.v.Close()
+			t.v = nil
+		}
+		if !t.node.Forget(t.gid) {
+			return 0, errors.New("peer still in use; cannot forget it")
+		}
+	}
+	b := t.buf(0, 8)[:8]
+	t0 := time.Now()
+	v, err := t.node.Connect(ctx, t.gid)
+	if err != nil {
+		return 0, err
+	}
+	if variant == "cold+read8" {
+		err = v.Read(ctx, b, t.region, 0)
+	}
+	d := time.Since(t0)
+	v.Close()
+	return d, err
+}
+
+func (t *apiTarget) close() error {
+	if t.v != nil {
+		t.v.Close()
+	}
+	if t.agent != nil {
+		t.agent.Close()
+	}
+	if t.node != nil {
+		t.node.Close()
+	}
+	if t.raw != nil {
+		t.raw.Close()
+	}
+	if t.cl != nil {
+		t.cl.Close()
+	}
+	if t.dev != nil {
+		t.dev.Close()
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/krfs/krfs/internal/baseline"
+)
+
+// benchTarget is what a benchmark runs against: a VQP to a peer (API
+// mode) or a file of a mounted krfs (file mode). Buffers come from buf,
+// which returns the i-th of the target's buffers (page-aligned in file
+// mode, registered in API mode), at least size bytes long.
+type benchTarget interface {
+	describe() string
+	// limit is the size of the region at offset 0, or 0 when unknown or
+	// not a region (ports).
+	limit() int64
+	buf(i, size int) []byte
+	read(p []byte) error
+	write(p []byte) error
+	fetchAdd() error
+	send(p []byte) error
+	// stream runs n operations of size bytes (or until deadline, when it
+	// is not zero) with outstanding in flight, from buffers 0..outstanding-1,
+	// calling done once per completed operation.
+	stream(write bool, size, n, outstanding int, deadline time.Time, done func()) error
+	// variants and once are the connect and meta_lookup tests.
+	variants(test string) []string
+	once(test, variant string) (time.Duration, error)
+	close() error
+}
+
+// runBenchTest runs o.test against t.
+func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error) {
+	r := &benchReport{Test: o.test, Mode: o.mode(), Target: t.describe(), Outstanding: o.outstanding}
+	var deadline func() time.Time
+	if o.duration > 0 {
+		d := time.Duration(o.duration * float64(time.Second))
+		deadline = func() time.Time { return time.Now().Add(d) }
+	}
+	// frac is the fraction done of one size, for the progress bar.
+	frac := func(k, n int, start time.Time) float64 {
+		if o.duration > 0 {
+			return time.Since(start).Seconds() / o.duration
+		}
+		return float64(k) / float64(n)
+	}
+	lim := t.limit()
+	sizes := o.sizes()
+	for si, size := range sizes {
+		if lim > 0 && int64(size) > lim {
+			r.Notes = append(r.Notes, fmt.Sprintf("%d bytes skipped: the region holds %d", size, lim))
+			continue
+		}
+		label := o.test
+		if len(sizes) > 1 {
+			label = fmt.Sprintf("%s %d/%d (%d B)", o.test, si+1, len(sizes), size)
+		}
+		p.begin(label)
+		n := o.itersFor(size)
+		switch {
+		case o.isLat():
+			b := t.buf(0, size)[:size]
+			op := map[string]func() error{
+				"read_lat":   func() error { return t.read(b) },
+				"write_lat":  func() error { return t.write(b) },
+				"atomic_lat": t.fetchAdd,
+				"send_lat":   func() error { return t.send(b) },
+
+				"fuse_noop_lat": func() error { return t.read(b) },
+			}[o.test]
+			for range min(n, 10) { // warm up: first touch, registration, directory
+				if err := op(); err != nil {
+					return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+				}
+			}
+			lat, err := timeLoop(n, deadline, op, func(k int, start time.Time) { p.update(frac(k, n, start)) })
+			if err != nil {
+				return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+			}
+			row := newLatRow("", size, lat)
+			r.addLat(latTitle(o.test), row)
+			if o.baseline && size <= baseline.MaxUDPSize {
+				bl, err := baseline.UDPPingPong(min(max(len(lat), 200), 5000), size)
+				if err != nil {
+					return nil, fmt.Errorf("baseline: %w", err)
+				}
+				bs := bl.Summary()
+				r.Baselines = append(r.Baselines, baseRow{Bytes: size, Name: "udp_pingpong p50", Unit: "usec",
+					Krfs: row.TypicalUs, Baseline: us(bs.Typical), Ratio: ratio(row.TypicalUs, us(bs.Typical))})
+			}
+		case o.isBW():
+			for i := range o.outstanding {
+				t.buf(i, size)
+			}
+			// Warm up every buffer once.
+			if err := t.stream(o.test == "write_bw", size, o.outstanding, o.outstanding, time.Time{}, func() {}); err != nil {
+				return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+			}
+			var dl time.Time
+			if deadline != nil {
+				dl = deadline()
+			}
+			done := make([]time.Duration, 0, min(n, 1<<22))
+			start := time.Now()
+			err := t.stream(o.test == "write_bw", size, n, o.outstanding, dl, func() {
+				done = append(done, time.Since(start))
+				if len(done)%64 == 0 {
+					p.update(frac(len(done), n, start))
+				}
+			})
+			if err != nil {
+				return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+			}
+			row := newBWRow(size, done, o.outstanding)
+			r.Bandwidth = append(r.Bandwidth, row)
+			if o.baseline {
+				if err := bwBaseline(r, o, row); err != nil {
+					return nil, err
+				}
+			}
+		default: // connect, meta_lookup
+			for _, v := range t.variants(o.test) {
+				if _, err := t.once(o.test, v); err != nil { // warm up
+					return nil, fmt.Errorf("%s %s: %w", o.test, v, err)
+				}
+				var lat baseline.Latencies
+				start := time.Now()
+				var end time.Time
+				if deadline != nil {
+					end = deadline()
+				}
+				for k := 0; ; k++ {
+					if (end.IsZero() && k >= n) || (!end.IsZero() && !time.Now().Before(end)) {
+						break
+					}
+					d, err := t.once(o.test, v)
+					if err != nil {
+						return nil, fmt.Errorf("%s %s: %w", o.test, v, err)
+					}
+					lat = append(lat, d)
+					p.update(frac(k, n, start))
+				}
+				r.addLat(fmt.Sprintf("%s: %s", o.test, v), newLatRow(v, 0, lat))
+			}
+			if o.baseline && o.test == "connect" {
+				bl, err := baseline.TCPConnectRoundTrip(min(max(n, 200), 2000))
+				if err != nil {
+					return nil, fmt.Errorf("baseline: %w", err)
+				}
+				b := us(bl.Summary().Typical)
+				for _, tb := range r.Tables {
+					k := tb.Rows[0].TypicalUs
+					r.Baselines = append(r.Baselines, baseRow{Name: "tcp connect+rtt p50 vs " + tb.Rows[0].Label, Unit: "usec", Krfs: k, Baseline: b, Ratio: ratio(k, b)})
+				}
+			}
+			if o.test == "meta_lookup" && len(r.Tables) == 2 {
+				a, b := r.Tables[0].Rows[0].TypicalUs, r.Tables[1].Rows[0].TypicalUs
+				r.Baselines = append(r.Baselines, baseRow{Name: "one-sided p50 vs rpc p50", Unit: "usec", Krfs: a, Baseline: b, Ratio: ratio(a, b)})
+			}
+		}
+		p.end()
+	}
+	return r, nil
+}
+
+func latTitle(test string) string {
+	return map[string]string{
+		"read_lat":   "READ latency (synchronous, 1 outstanding)",
+		"write_lat":  "WRITE latency (synchronous, 1 outstanding)",
+		"atomic_lat": "FETCH_ADD latency (synchronous, 1 outstanding)",
+		"send_lat":   "SEND latency (until delivered, 1 outstanding)",
+
+		"fuse_noop_lat": "pread of an in-memory go-fuse file (no network; the FUSE floor)",
+	}[test]
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return math.Round(a/b*1000) / 1000
+}
+
+// timeLoop times n calls of op (or calls until the deadline), reporting
+// progress every 64 calls.
+func timeLoop(n int, deadline func() time.Time, op func() error, prog func(k int, start time.Time)) (baseline.Latencies, error) {
+	var end time.Time
+	if deadline != nil {
+		end = deadline()
+	}
+	lat := make(baseline.Latencies, 0, min(n, 1<<22))
+	start := time.Now()
+	for k := 0; ; k++ {
+		if end.IsZero() && k >= n {
+			break
+		}
+		if !end.IsZero() && k%16 == 0 && !time.Now().Before(end) {
+			break
+		}
+		t0 := time.Now()
+		if err := op(); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(t0))
+		if prog != nil && k%64 == 0 {
+			prog(k, start)
+		}
+	}
+	return lat, nil
+}
+
+func bwBaseline(r *benchReport, o *benchOpts, row bwRow) error {
+	if row.Bytes <= 4096 && o.outstanding > 1 && row.Bytes <= baseline.MaxUDPSize {
+		rate, err := baseline.EchoRate(o.outstanding, row.Bytes, 300*time.Millisecond)
+		if err != nil {
+			return fmt.Errorf("baseline: %w", err)
+		}
+		k := row.MsgRateMpps * 1e3
+		b := rate / 1e3
+		r.Baselines = append(r.Baselines, baseRow{Bytes: row.Bytes, Name: fmt.Sprintf("sendmmsg echo x%d rate", o.outstanding), Unit: "kops/s", Krfs: k, Baseline: b, Ratio: ratio(k, b)})
+		return nil
+	}
+	total := min(int64(row.Bytes)*int64(row.Iterations), 512<<20)
+	total = max(total, int64(row.Bytes)*16)
+	bps, err := baseline.Loopback.TCPBandwidth(row.Bytes, total, o.outstanding)
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	b := bps / (1 << 20)
+	r.Baselines = append(r.Baselines, baseRow{Bytes: row.Bytes, Name: fmt.Sprintf("tcp bandwidth depth %d", o.outstanding), Unit: "MiB/s", Krfs: row.AvgMiBs, Baseline: b, Ratio: ratio(row.AvgMiBs, b)})
+	return nil
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# scripts/bench.sh [OUTDIR] — krfs's comparison suite (`make bench`).
+#
+# Runs, on loopback and in one go, krfs beside the baselines it is judged
+# against, all measured in this run (this machine's speed moves 2-4x
+# between runs, so only same-run ratios mean anything):
+#   - the Go benchmarks of softnic, meta and qpcore (each measures its own
+#     baseline next to itself and reports ratios);
+#   - `krfs bench` against a `krfs mount` this script starts (single node,
+#     embedded meta service): Go API rows from a separate process, and FUSE
+#     rows through the mounted files (needs root and /dev/fuse; skipped
+#     otherwise).
+# Then `krfs bench report` writes OUTDIR/results.json, OUTDIR/results.md
+# (also printed) and SVG plots. Raw outputs stay in OUTDIR/raw.
+#
+# Environment: GO (go), QUICK=1 for a smoke run with few iterations,
+# CLUSTER=1 to add rows across veth from a 2-host namespace cluster
+# (scripts/cluster.sh with its own namespace prefix kbench-, so it does
+# not disturb tests/e2e or another cluster). Off by default: it adds a
+# minute and needs iproute2 and nsenter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+OUT=${1:-bench-results}
+RAW=$OUT/raw
+rm -rf "$RAW"
+mkdir -p "$RAW"
+T0=$(date +%s)
+log() { printf '[bench %3ds] %s\n' $(($(date +%s) - T0)) "$*" >&2; }
+
+# Iterations: full run by default, QUICK=1 for a smoke test.
+if [[ ${QUICK:-0} == 1 ]]; then
+	LAT_N=300 RATE_N=3000 BW_N=64 SWEEP_N=50 CONN_N=100 GB_LAT=2000x GB_RATE=20000x GB_BW=200x GB_CONN=200x GB_META=2000x MESH=0
+else
+	LAT_N=20000 RATE_N=200000 BW_N=2000 SWEEP_N=1000 CONN_N=3000 GB_LAT=20000x GB_RATE=200000x GB_BW=2000x GB_CONN=2000x GB_META=20000x MESH=1
+fi
+
+log "building bin/krfs"
+mkdir -p bin
+$GO build -o bin/krfs ./cmd/krfs
+KRFS=$PWD/bin/krfs
+
+# Go benchmarks, one at a time (with 2 vCPUs anything beside a
+# measurement is part of it). Test binaries are built first so that
+# compiling does not overlap the runs.
+gobench() { # FILE PKG REGEXP BENCHTIME
+	log "go test -bench '$3' -benchtime=$4 $2"
+	$GO test -run=NONE -bench="$3" -benchtime="$4" -timeout=10m "$2" >"$RAW/$1.txt" 2>&1 ||
+		{ log "FAILED: $2 $3 (see $RAW/$1.txt)"; }
+}
+gobench softnic_lat ./verbs/softnic '^BenchmarkReadLatency8B$' $GB_LAT
+gobench softnic_rate ./verbs/softnic '^BenchmarkReadRate32$' $GB_RATE
+gobench softnic_bw ./verbs/softnic '^BenchmarkReadBandwidth1M$' $GB_BW
+gobench baseline_tcpconn ./internal/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
+gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
+gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
+gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x
+gobench meta_lookup ./meta '^BenchmarkMetaOneSidedVsRPC$' $GB_META
+if [[ $MESH == 1 ]]; then
+	gobench qpcore_mesh ./qpcore '^BenchmarkQPCoreFullMesh240$' 1x
+fi
+
+# krfs bench against a mount of our own.
+MNT=$(mktemp -d /tmp/krfs-bench.XXXXXX)
+MOUNT_PID=
+CAT_PID=
+CLUSTER_UP=
+cleanup() {
+	if [[ -n $CLUSTER_UP ]]; then
+		KRFS_NS=kbench KRFS_DIR=$MNT/cluster scripts/cluster.sh down >/dev/null 2>&1 || true
+		CLUSTER_UP=
+	fi
+	if [[ -n $CAT_PID ]]; then kill "$CAT_PID" 2>/dev/null || true; fi
+	if [[ -n $MOUNT_PID ]]; then
+		kill "$MOUNT_PID" 2>/dev/null || true
+		for _ in $(seq 50); do kill -0 "$MOUNT_PID" 2>/dev/null || break; sleep 0.1; done
+	fi
+	if grep -qs " $MNT/mnt " /proc/self/mountinfo; then umount -l "$MNT/mnt" 2>/dev/null || true; fi
+	rm -rf "$MNT"
+}
+trap cleanup EXIT
+mkdir -p "$MNT/mnt"
+
+kb() { # NAME ARGS...: one krfs bench run, JSON kept in raw/NAME.json
+	local name=$1
+	shift
+	log "krfs bench $*"
+	if ! ${KB_PREFIX:-} "$KRFS" bench "$@" --json --progress off >"$RAW/$name.json" 2>"$RAW/$name.err"; then
+		log "FAILED: krfs bench $* ($(tail -1 "$RAW/$name.err"))"
+		rm -f "$RAW/$name.json"
+	fi
+}
+
+if [[ $(id -u) == 0 && -c /dev/fuse ]]; then
+	log "mounting a single krfs node at $MNT/mnt"
+	"$KRFS" mount "$MNT/mnt" --listen 127.0.0.1:0 --mem-size 4M --shm-dir "$MNT/shm" >"$RAW/mount.log" 2>&1 &
+	MOUNT_PID=$!
+	for _ in $(seq 100); do
+		grep -q "krfs mounted" "$RAW/mount.log" 2>/dev/null && break
+		kill -0 "$MOUNT_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	ADDR=$(sed -n 's/.*address="\{0,1\}\([0-9.]*:[0-9]*\).*/\1/p' "$RAW/mount.log" | head -1)
+	GID=$(sed -n 's/.* gid=\([0-9]*\).*/\1/p' "$RAW/mount.log" | head -1)
+	if [[ -z $ADDR || -z $GID ]]; then
+		log "krfs mount failed:"
+		cat "$RAW/mount.log" >&2
+	else
+		API=(--meta "$ADDR" --gid "$GID")
+		FILE=(--path "$MNT/mnt/peers/$GID/mem")
+		kb api_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${API[@]}"
+		kb fuse_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${FILE[@]}"
+		kb fuse_noop_lat8 fuse_noop_lat -s 8 -n $LAT_N --baseline
+		kb api_write_lat8 write_lat -s 8 -n $LAT_N --baseline "${API[@]}"
+		kb fuse_write_lat8 write_lat -s 8 -n $LAT_N --baseline "${FILE[@]}"
+		kb api_atomic_lat atomic_lat -n $LAT_N --baseline "${API[@]}"
+		kb fuse_atomic_lat atomic_lat -n $LAT_N --baseline "${FILE[@]}"
+		kb api_rate32 read_bw -s 8 -t 32 -n $RATE_N --baseline "${API[@]}"
+		kb fuse_rate32 read_bw -s 8 -t 32 -n $((RATE_N / 5)) --baseline "${FILE[@]}"
+		kb api_hybrid_dc read_bw -s 8 -t 32 -n $RATE_N --transport dc "${API[@]}"
+		kb api_hybrid_rc read_bw -s 8 -t 32 -n $RATE_N --transport rc "${API[@]}"
+		kb api_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${API[@]}"
+		kb fuse_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${FILE[@]}"
+		kb api_connect connect -n $CONN_N --baseline "${API[@]}"
+		kb fuse_connect connect -n $CONN_N --baseline "${FILE[@]}"
+		kb api_meta_lookup meta_lookup -n $CONN_N "${API[@]}"
+		# SEND: a reader drains port 7 of the node (each read is one message).
+		if touch "$MNT/mnt/ports/7"; then
+			cat "$MNT/mnt/ports/7" >/dev/null 2>&1 &
+			CAT_PID=$!
+			kb api_send_lat send_lat -s 64 -n $LAT_N --port 7 --baseline "${API[@]}"
+			kb fuse_send_lat send_lat -s 64 -n $LAT_N --baseline --path "$MNT/mnt/peers/$GID/ports/7"
+		fi
+		kb api_sweep read_lat -a -n $SWEEP_N --baseline "${API[@]}"
+		kb fuse_sweep read_lat -a -n $SWEEP_N "${FILE[@]}"
+		kb fuse_noop_sweep fuse_noop_lat -a -n $SWEEP_N
+	fi
+else
+	log "not root or no /dev/fuse: skipping the rows that need a mount"
+fi
+
+if [[ ${CLUSTER:-0} == 1 && $(id -u) == 0 ]]; then
+	if [[ -e /run/netns/krfs-sw ]]; then
+		log "a namespace cluster is already up: skipping the veth rows"
+	else
+		log "scripts/cluster.sh up 2 (veth rows)"
+		CLUSTER_UP=1
+		if KRFS_NS=kbench KRFS_BIN=$KRFS KRFS_DIR=$MNT/cluster KRFS_MEM=4M scripts/cluster.sh up 2 >"$RAW/cluster.log" 2>&1; then
+			NET=${KRFS_NET:-10.77.0}
+			G2=$(sed -n 's/.* gid=\([0-9]*\).*/\1/p' "$MNT/cluster/h2.log" | head -1)
+			CAPI=(--meta "$NET.254:4790" --gid "$G2" --listen "$NET.1:0")
+			CFILE=(--path "$MNT/cluster/h1/peers/$G2/mem")
+			KB_PREFIX="nsenter --net=/run/netns/krfs-h1" kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CAPI[@]}"
+			kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CFILE[@]}"
+			KB_PREFIX="nsenter --net=/run/netns/krfs-h1" kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CAPI[@]}"
+			kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CFILE[@]}"
+		else
+			log "cluster.sh up failed (see $RAW/cluster.log)"
+		fi
+	fi
+fi
+cleanup
+trap - EXIT
+
+log "writing $OUT/results.{json,md} and plots"
+"$KRFS" bench report "$OUT"
+log "done in $(($(date +%s) - T0)) s"
