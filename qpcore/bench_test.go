@@ -415,7 +415,21 @@ func BenchmarkQPCoreFullMesh240(b *testing.B) {
 	if testing.Short() {
 		b.Skip("240 nodes")
 	}
-	const N = 240
+	fullMesh(b, 240)
+}
+
+// BenchmarkQPCoreFullMeshSweep is the full mesh at N = 16 ... 128 (240 is
+// BenchmarkQPCoreFullMesh240), for the mesh-time-vs-N plot.
+func BenchmarkQPCoreFullMeshSweep(b *testing.B) {
+	for _, n := range []int{16, 32, 64, 128} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { fullMesh(b, n) })
+	}
+}
+
+// fullMesh: N in-process nodes; every node connects a VQP to every other
+// (DCT) and READs once through it, against an RC mesh (a QP and a CM
+// handshake per pair).
+func fullMesh(b *testing.B, N int) {
 	res := newResolver()
 	cfg := qpcore.Config{DCIs: 4, RecvBuffers: 2, SendBuffers: 1, MsgThreshold: 4096, RCCap: 1, DisableRC: true}
 	type mnode struct {
@@ -563,4 +577,123 @@ func BenchmarkQPCoreFullMesh240(b *testing.B) {
 	b.ReportMetric(f(rcConnect), "rc-connect-ms")
 	b.ReportMetric(float64(rcConnect)/float64(dcConnect), "rc-x-dc-connect")
 	b.ReportMetric(float64(rcConnect)/float64(dcConnect+dcRead), "rc-x-dc-connect+read")
+}
+
+// BenchmarkQPCoreElasticStart is the paper's RACE-hashing bootstrap case: a
+// fresh node (new NIC, new qpcore node, nothing cached) opens and READs
+// from 100 peers, against a fresh NIC building an RC connection (QP + CM
+// handshake) to each of them and READing once. Peers are found through a
+// resolver that answers from memory, so the krfs figure includes no meta
+// READ (a cold lookup adds about one READ round trip per peer).
+func BenchmarkQPCoreElasticStart(b *testing.B) {
+	const N = 100
+	res := newResolver()
+	cfg := qpcore.Config{DCIs: 8, RecvBuffers: 2, SendBuffers: 1, MsgThreshold: 4096, DisableRC: true}
+	type peerNode struct {
+		dev  *softnic.Device
+		n    *qpcore.Node
+		rkey uint32 // the peer's memory, for its RC listener's PD
+	}
+	peers := make([]peerNode, N)
+	for i := range peers {
+		dev, err := softnic.OpenUDP("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := cfg
+		c.GID = uint32(i + 1)
+		n, err := qpcore.NewNode(dev, res, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mem := make([]byte, 4096)
+		if _, err := n.Export("mem", mem, verbs.AccessRemoteRead); err != nil {
+			b.Fatal(err)
+		}
+		res.set(n.Info())
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(64)
+		mr, err := pd.RegMR(mem, verbs.AccessRemoteRead|verbs.AccessLocalWrite)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dev.ListenRC(78, func(verbs.ConnRequest) (verbs.QP, []byte, error) {
+			q, err := pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, Caps: verbs.QPCaps{MaxSendWR: 4}})
+			return q, nil, err
+		})
+		peers[i] = peerNode{dev, n, mr.RKey()}
+	}
+	defer func() {
+		for _, p := range peers {
+			p.n.Close()
+			p.dev.Close()
+		}
+	}()
+	ctx := context.Background()
+	var dcTime, rcTime time.Duration
+	for range b.N {
+		// krfs: a fresh node, one VQP and one 8-byte READ per peer.
+		t0 := time.Now()
+		dev, err := softnic.OpenUDP("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := cfg
+		c.GID = 1000
+		n, err := qpcore.NewNode(dev, res, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := make([]byte, 8)
+		for i := range peers {
+			v, err := n.Connect(ctx, uint32(i+1))
+			if err == nil {
+				err = v.Read(ctx, buf, "mem", 0)
+			}
+			if err != nil {
+				b.Fatalf("peer %d: %v", i+1, err)
+			}
+		}
+		dcTime += time.Since(t0)
+		n.Close()
+		dev.Close()
+
+		// verbs-style: a fresh NIC, an RC QP and a handshake per peer, then
+		// one READ each.
+		t1 := time.Now()
+		dev, err = softnic.OpenUDP("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(256)
+		lmr, _ := pd.RegMR(make([]byte, 8), verbs.AccessLocalWrite)
+		wcs := make([]verbs.WC, 1)
+		for i := range peers {
+			q, err := pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, Caps: verbs.QPCaps{MaxSendWR: 4}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := dev.ConnectRC(ctx, q, peers[i].dev.Addr(), 78, verbs.ConnParams{}); err != nil {
+				b.Fatalf("RC to peer %d: %v", i+1, err)
+			}
+			if err := q.PostSend([]verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled, Local: verbs.SGE{MR: lmr, Length: 8}, RKey: peers[i].rkey}}); err != nil {
+				b.Fatal(err)
+			}
+			for cq.Poll(wcs) == 0 {
+				if err := cq.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := wcs[0].Err(); err != nil {
+				b.Fatalf("RC READ from peer %d: %v", i+1, err)
+			}
+		}
+		rcTime += time.Since(t1)
+		dev.Close()
+	}
+	f := func(d time.Duration) float64 { return float64(d) / float64(b.N) / 1e6 }
+	b.ReportMetric(f(dcTime), "krfs-ms")
+	b.ReportMetric(f(rcTime), "rc-ms")
+	b.ReportMetric(float64(rcTime)/float64(dcTime), "rc-x-krfs")
 }

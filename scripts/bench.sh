@@ -56,8 +56,10 @@ gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
 gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
 gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x
 gobench meta_lookup ./meta '^BenchmarkMetaOneSidedVsRPC$' $GB_META
+gobench qpcore_elastic ./qpcore '^BenchmarkQPCoreElasticStart$' 3x
 if [[ $MESH == 1 ]]; then
 	gobench qpcore_mesh ./qpcore '^BenchmarkQPCoreFullMesh240$' 1x
+	gobench qpcore_mesh_sweep ./qpcore '^BenchmarkQPCoreFullMeshSweep$' 1x
 fi
 
 # krfs bench against a mount of our own.

@@ -411,6 +411,21 @@ func (s *suite) rows() {
 		s.add(resultRow{Section: "full mesh, 240 nodes", What: "connects + first READ each (reads each peer's directory)", Unit: "ms", Krfs: dcr, BaseName: "RC mesh (no READ)", Baseline: rc,
 			Source: "qpcore BenchmarkQPCoreFullMesh240"}, nil)
 	}
+	for _, n := range []int{16, 32, 64, 128} {
+		name := fmt.Sprintf("BenchmarkQPCoreFullMeshSweep/N=%d", n)
+		m, ok := s.res.GoBench[name]
+		if !ok {
+			continue
+		}
+		s.add(resultRow{Section: "full mesh sweep", What: fmt.Sprintf("%d nodes: all VQP connects (DCT)", n), Unit: "ms", Krfs: m["dc-connect-ms"],
+			BaseName: "RC mesh (QP + handshake per pair)", Baseline: m["rc-connect-ms"], Source: "qpcore " + name}, nil)
+	}
+	// Elastic start: a fresh node reading from 100 peers.
+	if k, ok := s.metric("BenchmarkQPCoreElasticStart", "krfs-ms"); ok {
+		rc, _ := s.metric("BenchmarkQPCoreElasticStart", "rc-ms")
+		s.add(resultRow{Section: "elastic start", What: "fresh node: open + 8-byte READ from 100 peers (VQPs over DCT)", Unit: "ms", Krfs: k,
+			BaseName: "fresh NIC: RC QP + handshake + READ per peer", Baseline: rc, Source: "qpcore BenchmarkQPCoreElasticStart"}, nil)
+	}
 }
 
 func verdict(ok bool) string {
@@ -552,15 +567,28 @@ func (s *suite) plots(dir string) error {
 			}
 		}
 	}
-	// Mesh time vs N (one N per run today).
+	// Mesh time vs N.
 	c := plot.Chart{Title: "full mesh build time vs nodes", XLabel: "nodes", YLabel: "ms", LogY: true}
 	for _, k := range []struct{ unit, name string }{{"dc-connect-ms", "DCT VQP connects"}, {"dc-connect+read-ms", "DCT connects + first READ"}, {"rc-connect-ms", "RC mesh"}} {
 		sr := plot.Series{Name: k.name}
+		var ns []int
 		for name, m := range s.res.GoBench {
 			var n int
-			if _, err := fmt.Sscanf(name, "BenchmarkQPCoreFullMesh%d", &n); err == nil && m[k.unit] > 0 {
-				sr.X, sr.Y = append(sr.X, float64(n)), append(sr.Y, m[k.unit])
+			_, err := fmt.Sscanf(name, "BenchmarkQPCoreFullMeshSweep/N=%d", &n)
+			if err != nil {
+				_, err = fmt.Sscanf(name, "BenchmarkQPCoreFullMesh%d", &n)
 			}
+			if err == nil && m[k.unit] > 0 {
+				ns = append(ns, n)
+			}
+		}
+		sort.Ints(ns)
+		for _, n := range ns {
+			m := s.res.GoBench[fmt.Sprintf("BenchmarkQPCoreFullMeshSweep/N=%d", n)]
+			if m == nil {
+				m = s.res.GoBench[fmt.Sprintf("BenchmarkQPCoreFullMesh%d", n)]
+			}
+			sr.X, sr.Y = append(sr.X, float64(n)), append(sr.Y, m[k.unit])
 		}
 		if len(sr.X) > 0 {
 			c.Series = append(c.Series, sr)
