@@ -30,6 +30,7 @@ var benchTests = []struct{ name, help string }{
 	{"send_lat", "latency of a delivered SEND to a port of the peer"},
 	{"connect", "VQP connect to a known (warm) and an unknown (cold) peer; file mode: open+close"},
 	{"meta_lookup", "meta lookup of the peer: one-sided READ vs RPC (API mode only)"},
+	{"fullmesh", "reach every live node of the cluster: cold VQP connect + 8-byte READ to each, per iteration (API mode only)"},
 	{"fuse_noop_lat", "baseline: pread of an in-memory go-fuse file the bench mounts itself (no --meta or --path; root)"},
 }
 
@@ -151,6 +152,8 @@ func (o *benchOpts) validate() error {
 		return fmt.Errorf("%w: --gid is for API mode; in file mode the path names the peer", errUsage)
 	case o.test == "meta_lookup" && o.path != "":
 		return fmt.Errorf("%w: meta_lookup runs in API mode only (--meta, --gid)", errUsage)
+	case o.test == "fullmesh" && o.path != "":
+		return fmt.Errorf("%w: fullmesh runs in API mode only (--meta, --gid)", errUsage)
 	}
 	if o.iters < 0 || o.duration < 0 || o.duration > 3600 {
 		return fmt.Errorf("%w: -n and -D must be positive (-D at most 3600)", errUsage)

@@ -238,8 +238,11 @@ func (t *apiTarget) stream(write bool, size, n, outstanding int, deadline time.T
 }
 
 func (t *apiTarget) variants(test string) []string {
-	if test == "meta_lookup" {
+	switch test {
+	case "meta_lookup":
 		return []string{"one-sided", "rpc"}
+	case "fullmesh":
+		return []string{"every node, cold"}
 	}
 	return []string{"warm", "cold", "cold+read8"}
 }
@@ -248,6 +251,8 @@ func (t *apiTarget) once(test, variant string) (time.Duration, error) {
 	ctx, cancel := t.ctx()
 	defer cancel()
 	switch variant {
+	case "every node, cold":
+		return t.fullMesh(ctx)
 	case "one-sided", "rpc":
 		t0 := time.Now()
 		var err error
@@ -281,6 +286,42 @@ func (t *apiTarget) once(test, variant string) (time.Duration, error) {
 	d := time.Since(t0)
 	v.Close()
 	return d, err
+}
+
+// fullMesh reaches every live node but this one, as a freshly started
+// application would: each peer is forgotten first, then connected (one
+// meta lookup) and read once (the first operation also reads the peer's
+// region directory).
+func (t *apiTarget) fullMesh(ctx context.Context) (time.Duration, error) {
+	nodes, err := t.cl.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if t.v != nil {
+		t.v.Close()
+		t.v = nil
+	}
+	self := t.node.GID()
+	b := t.buf(0, 8)[:8]
+	var total time.Duration
+	for _, nd := range nodes {
+		if nd.GID == self {
+			continue
+		}
+		t.node.Forget(nd.GID)
+		t0 := time.Now()
+		v, err := t.node.Connect(ctx, nd.GID)
+		if err != nil {
+			return 0, fmt.Errorf("gid %d: %w", nd.GID, err)
+		}
+		err = v.Read(ctx, b, t.region, 0)
+		total += time.Since(t0)
+		v.Close()
+		if err != nil {
+			return 0, fmt.Errorf("gid %d: %w", nd.GID, err)
+		}
+	}
+	return total, nil
 }
 
 func (t *apiTarget) close() error {

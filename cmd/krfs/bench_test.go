@@ -58,6 +58,7 @@ func TestBenchArgs(t *testing.T) {
 		{"read_lat", "--meta", "127.0.0.1:1"},     // no gid
 		{"read_lat", "--path", "f", "--gid", "2"}, // gid in file mode
 		{"meta_lookup", "--path", "f"},
+		{"fullmesh", "--path", "f"},
 		{"read_lat", "--path", "f", "-t", "4"},
 		{"read_bw", "--path", "f", "-t", "0"},
 		{"atomic_lat", "--path", "f", "-s", "16"},
@@ -198,6 +199,7 @@ func TestBenchAPIReadLat(t *testing.T) {
 		{"write_bw", "-a", "-n", "20", "-t", "2"},
 		{"connect", "-n", "20"},
 		{"meta_lookup", "-n", "20"},
+		{"fullmesh", "-n", "5"},
 		{"read_bw", "-s", "8", "-t", "4", "-n", "100", "--transport", "rc"},
 	} {
 		stdout.Reset()
