@@ -14,10 +14,10 @@
 # (also printed) and SVG plots. Raw outputs stay in OUTDIR/raw.
 #
 # Environment: GO (go), QUICK=1 for a smoke run with few iterations,
-# CLUSTER=1 to add rows across veth from a 2-host namespace cluster
+# CLUSTER=0 to leave out the rows across veth from a 2-host namespace cluster
 # (scripts/cluster.sh with its own namespace prefix kbench-, so it does
-# not disturb tests/e2e or another cluster). Off by default: it adds a
-# minute and needs iproute2 and nsenter.
+# not disturb tests/e2e or another cluster; on by default when root, needs
+# iproute2 and nsenter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -141,8 +141,8 @@ else
 	log "not root or no /dev/fuse: skipping the rows that need a mount"
 fi
 
-if [[ ${CLUSTER:-0} == 1 && $(id -u) == 0 ]]; then
-	if [[ -e /run/netns/krfs-sw ]]; then
+if [[ ${CLUSTER:-1} == 1 && $(id -u) == 0 ]] && command -v ip >/dev/null && command -v nsenter >/dev/null; then
+	if [[ -e /run/netns/kbench-sw ]]; then
 		log "a namespace cluster is already up: skipping the veth rows"
 	else
 		log "scripts/cluster.sh up 2 (veth rows)"
@@ -152,9 +152,9 @@ if [[ ${CLUSTER:-0} == 1 && $(id -u) == 0 ]]; then
 			G2=$(sed -n 's/.* gid=\([0-9]*\).*/\1/p' "$MNT/cluster/h2.log" | head -1)
 			CAPI=(--meta "$NET.254:4790" --gid "$G2" --listen "$NET.1:0")
 			CFILE=(--path "$MNT/cluster/h1/peers/$G2/mem")
-			KB_PREFIX="nsenter --net=/run/netns/krfs-h1" kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CAPI[@]}"
+			KB_PREFIX="nsenter --net=/run/netns/kbench-h1" kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CAPI[@]}"
 			kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CFILE[@]}"
-			KB_PREFIX="nsenter --net=/run/netns/krfs-h1" kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CAPI[@]}"
+			KB_PREFIX="nsenter --net=/run/netns/kbench-h1" kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CAPI[@]}"
 			kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CFILE[@]}"
 		else
 			log "cluster.sh up failed (see $RAW/cluster.log)"
