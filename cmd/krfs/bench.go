@@ -105,16 +105,9 @@ func parseBenchArgs(args []string, stderr io.Writer) (*benchOpts, error) {
 		fmt.Fprintln(stderr, "flags:")
 		set.PrintDefaults()
 	}
-	var pos []string
-	for len(args) > 0 {
-		if err := set.Parse(args); err != nil {
-			return nil, err
-		}
-		args = set.Args()
-		if len(args) > 0 {
-			pos = append(pos, args[0])
-			args = args[1:]
-		}
+	pos, err := parseInterleaved(set, args)
+	if err != nil {
+		return nil, err
 	}
 	if len(pos) != 1 {
 		set.Usage()

@@ -149,3 +149,21 @@ func parseSize(s string) (int64, error) {
 	}
 	return v * mul, nil
 }
+
+// parseInterleaved parses flags that may stand before, between or after
+// the positional arguments (krfs mount /mnt --gid 2, krfs mount --gid 2
+// /mnt) and returns the positional ones.
+func parseInterleaved(set *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 {
+		if err := set.Parse(args); err != nil {
+			return nil, err
+		}
+		args = set.Args()
+		if len(args) > 0 {
+			pos = append(pos, args[0])
+			args = args[1:]
+		}
+	}
+	return pos, nil
+}

@@ -77,16 +77,9 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 		set.PrintDefaults()
 	}
 	// Accept the mountpoint before or after the flags.
-	var pos []string
-	for len(args) > 0 {
-		if err := set.Parse(args); err != nil {
-			return err
-		}
-		args = set.Args()
-		if len(args) > 0 {
-			pos = append(pos, args[0])
-			args = args[1:]
-		}
+	pos, err := parseInterleaved(set, args)
+	if err != nil {
+		return err
 	}
 	if len(pos) != 1 {
 		set.Usage()

@@ -132,16 +132,9 @@ func runRes(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: krfs res MOUNTPOINT qp|mr|peer [-j]")
 		set.PrintDefaults()
 	}
-	var pos []string
-	for len(args) > 0 {
-		if err := set.Parse(args); err != nil {
-			return err
-		}
-		args = set.Args()
-		if len(args) > 0 {
-			pos = append(pos, args[0])
-			args = args[1:]
-		}
+	pos, err := parseInterleaved(set, args)
+	if err != nil {
+		return err
 	}
 	if len(pos) != 2 {
 		set.Usage()
