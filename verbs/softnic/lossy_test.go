@@ -289,7 +289,7 @@ func TestLossyMixed(t *testing.T) {
 	for _, dc := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dc=%v", dc), func(t *testing.T) {
 			forEachFabric(t, f, func(t *testing.T, fb *fabric) {
-				runMixed(t, fb, dc, ops, 2*time.Millisecond)
+				runMixed(t, fb, dc, ops, lossyTimeout)
 			})
 		})
 	}
@@ -306,3 +306,9 @@ func TestMixedClean(t *testing.T) {
 		})
 	}
 }
+
+// lossyTimeout is the ACK timeout of the lossy tests: short, so that the
+// many tail losses are repaired quickly, but with room for a machine
+// busy with other test packages under -race (8 timeouts without progress
+// fail a WR).
+const lossyTimeout = 6 * time.Millisecond
