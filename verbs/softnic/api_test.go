@@ -197,7 +197,7 @@ func TestPSNWrap(t *testing.T) {
 			for _, attr := range []verbs.QPAttr{
 				{State: verbs.StateInit, Access: verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic},
 				{State: verbs.StateRTR, RemoteAddr: s.peer.dev.Addr(), RemoteQPN: s.peerQP.QPN(), RQPSN: start},
-				{State: verbs.StateRTS, SQPSN: start, Timeout: 2 * time.Millisecond},
+				{State: verbs.StateRTS, SQPSN: start, Timeout: lossyTimeout},
 			} {
 				if err := s.q.Modify(attr); err != nil {
 					t.Fatal(err)
