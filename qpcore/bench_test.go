@@ -432,38 +432,7 @@ func BenchmarkQPCoreFullMeshSweep(b *testing.B) {
 func fullMesh(b *testing.B, N int) {
 	res := newResolver()
 	cfg := qpcore.Config{DCIs: 4, RecvBuffers: 2, SendBuffers: 1, MsgThreshold: 4096, RCCap: 1, DisableRC: true}
-	type mnode struct {
-		dev *softnic.Device
-		n   *qpcore.Node
-		pd  verbs.PD
-		cq  verbs.CQ
-		mr  verbs.MR
-	}
-	ns := make([]*mnode, N)
-	for i := range ns {
-		dev, err := softnic.OpenUDP("127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		c := cfg
-		c.GID = uint32(i + 1)
-		n, err := qpcore.NewNode(dev, res, c)
-		if err != nil {
-			b.Fatal(err)
-		}
-		mem := make([]byte, 4096)
-		n.Export("mem", mem, verbs.AccessRemoteRead)
-		res.set(n.Info())
-		m := &mnode{dev: dev, n: n}
-		m.pd, _ = dev.AllocPD()
-		m.cq, _ = dev.CreateCQ(1024)
-		m.mr, _ = m.pd.RegMR(mem, verbs.AccessRemoteRead|verbs.AccessLocalWrite)
-		dev.ListenRC(77, func(verbs.ConnRequest) (verbs.QP, []byte, error) {
-			q, err := m.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: m.cq, RecvCQ: m.cq, Caps: verbs.QPCaps{MaxSendWR: 4}})
-			return q, nil, err
-		})
-		ns[i] = m
-	}
+	ns := meshNodes(b, N, res, cfg, 77)
 	defer func() {
 		for _, m := range ns {
 			m.n.Close()
@@ -589,40 +558,7 @@ func BenchmarkQPCoreElasticStart(b *testing.B) {
 	const N = 100
 	res := newResolver()
 	cfg := qpcore.Config{DCIs: 8, RecvBuffers: 2, SendBuffers: 1, MsgThreshold: 4096, DisableRC: true}
-	type peerNode struct {
-		dev  *softnic.Device
-		n    *qpcore.Node
-		rkey uint32 // the peer's memory, for its RC listener's PD
-	}
-	peers := make([]peerNode, N)
-	for i := range peers {
-		dev, err := softnic.OpenUDP("127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		c := cfg
-		c.GID = uint32(i + 1)
-		n, err := qpcore.NewNode(dev, res, c)
-		if err != nil {
-			b.Fatal(err)
-		}
-		mem := make([]byte, 4096)
-		if _, err := n.Export("mem", mem, verbs.AccessRemoteRead); err != nil {
-			b.Fatal(err)
-		}
-		res.set(n.Info())
-		pd, _ := dev.AllocPD()
-		cq, _ := dev.CreateCQ(64)
-		mr, err := pd.RegMR(mem, verbs.AccessRemoteRead|verbs.AccessLocalWrite)
-		if err != nil {
-			b.Fatal(err)
-		}
-		dev.ListenRC(78, func(verbs.ConnRequest) (verbs.QP, []byte, error) {
-			q, err := pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, Caps: verbs.QPCaps{MaxSendWR: 4}})
-			return q, nil, err
-		})
-		peers[i] = peerNode{dev, n, mr.RKey()}
-	}
+	peers := meshNodes(b, N, res, cfg, 78)
 	defer func() {
 		for _, p := range peers {
 			p.n.Close()
@@ -677,7 +613,7 @@ func BenchmarkQPCoreElasticStart(b *testing.B) {
 			if _, err := dev.ConnectRC(ctx, q, peers[i].dev.Addr(), 78, verbs.ConnParams{}); err != nil {
 				b.Fatalf("RC to peer %d: %v", i+1, err)
 			}
-			if err := q.PostSend([]verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled, Local: verbs.SGE{MR: lmr, Length: 8}, RKey: peers[i].rkey}}); err != nil {
+			if err := q.PostSend([]verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled, Local: verbs.SGE{MR: lmr, Length: 8}, RKey: peers[i].mr.RKey()}}); err != nil {
 				b.Fatal(err)
 			}
 			for cq.Poll(wcs) == 0 {
@@ -696,4 +632,50 @@ func BenchmarkQPCoreElasticStart(b *testing.B) {
 	b.ReportMetric(f(dcTime), "krfs-ms")
 	b.ReportMetric(f(rcTime), "rc-ms")
 	b.ReportMetric(float64(rcTime)/float64(dcTime), "rc-x-krfs")
+}
+
+// benchNode is one in-process node of the mesh and elastic-start
+// benchmarks: a qpcore node exporting 4 KiB as "mem", and beside it an RC
+// listener (CM service svc) whose QPs reach the same memory through mr, for
+// the verbs-style baselines.
+type benchNode struct {
+	dev *softnic.Device
+	n   *qpcore.Node
+	pd  verbs.PD
+	cq  verbs.CQ
+	mr  verbs.MR
+}
+
+// meshNodes starts N nodes with gids 1..N, registered in res.
+func meshNodes(b *testing.B, N int, res *mapResolver, cfg qpcore.Config, svc uint32) []*benchNode {
+	ns := make([]*benchNode, N)
+	for i := range ns {
+		dev, err := softnic.OpenUDP("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := cfg
+		c.GID = uint32(i + 1)
+		n, err := qpcore.NewNode(dev, res, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mem := make([]byte, 4096)
+		if _, err := n.Export("mem", mem, verbs.AccessRemoteRead); err != nil {
+			b.Fatal(err)
+		}
+		res.set(n.Info())
+		m := &benchNode{dev: dev, n: n}
+		m.pd, _ = dev.AllocPD()
+		m.cq, _ = dev.CreateCQ(1024)
+		if m.mr, err = m.pd.RegMR(mem, verbs.AccessRemoteRead|verbs.AccessLocalWrite); err != nil {
+			b.Fatal(err)
+		}
+		dev.ListenRC(svc, func(verbs.ConnRequest) (verbs.QP, []byte, error) {
+			q, err := m.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: m.cq, RecvCQ: m.cq, Caps: verbs.QPCaps{MaxSendWR: 4}})
+			return q, nil, err
+		})
+		ns[i] = m
+	}
+	return ns
 }
