@@ -67,6 +67,14 @@ type Config struct {
 	RCIdle      time.Duration
 	DisableRC   bool
 
+	// NoCoalesce posts every synchronous operation at once. By default a
+	// synchronous operation that finds others of its peer in flight waits
+	// in the peer's queue, and the next completion posts everything that
+	// queued meanwhile with one doorbell: concurrent callers (parallel
+	// preads of one file) share doorbells, at the price of waiting up to
+	// one round trip; a lone caller never waits.
+	NoCoalesce bool
+
 	// PeerTimeout bounds how long an operation to a silent peer takes to
 	// fail with ErrPeerUnreachable; the QPs' ACK timeout and retry count
 	// are derived from it.

@@ -170,7 +170,13 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 	e := newEffects()
 	n.enqueueLocked(p, v, o)
 	n.noteTrafficLocked(p, v, time.Now(), 1, e)
-	n.kickLocked(p, e)
+	if n.cfg.NoCoalesce || !n.inFlightLocked(p) {
+		n.kickLocked(p, e)
+	} else {
+		// A completion of the peer's in-flight WRs kicks the queue: this
+		// op leaves with whatever else queued by then, one doorbell.
+		n.stats.coalesced.Add(1)
+	}
 	p.mu.Unlock()
 	n.apply(e)
 	return o, nil
@@ -331,6 +337,12 @@ func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effec
 		p.setRCLocked(rcConnecting)
 		e.connect = append(e.connect, p)
 	}
+}
+
+// inFlightLocked reports whether p has WRs posted and not completed on
+// its DCI or RC QP, whose completions will kick its queues.
+func (n *Node) inFlightLocked(p *peer) bool {
+	return (p.dci != nil && p.dci.out > 0 && !p.dci.errored) || (p.rc != nil && p.rc.out > 0 && !p.rc.errored)
 }
 
 // kickLocked posts what p's queues and QPs allow.

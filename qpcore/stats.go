@@ -11,6 +11,7 @@ type counters struct {
 	vqpsOpen                                  atomic.Int64
 
 	opsDC, opsRC, doorbells, opErrors atomic.Uint64
+	coalesced                         atomic.Uint64
 	fences, vqpToRC, vqpToDC          atomic.Uint64
 	dciWaits, dciYields               atomic.Uint64
 
@@ -61,6 +62,9 @@ type Stats struct {
 	// WRs posted on DCIs and RC QPs, and the PostSend calls (doorbells)
 	// that carried them; operations that ended in an error.
 	OpsDC, OpsRC, Doorbells, OpErrors uint64
+	// Coalesced counts synchronous operations that waited for an
+	// in-flight completion to share its doorbell (Config.NoCoalesce).
+	Coalesced uint64
 	// Switching: fences (a VQP held operations until its old transport
 	// drained) and VQP moves to RC and back to DC.
 	Fences, VQPToRC, VQPToDC uint64
@@ -112,7 +116,7 @@ func (n *Node) Stats() Stats {
 	c := &n.stats
 	s := Stats{
 		ConnectHits: c.connectHits.Load(), ConnectMisses: c.connectMisses.Load(), PeerEvictions: c.peerEvictions.Load(),
-		OpsDC: c.opsDC.Load(), OpsRC: c.opsRC.Load(), Doorbells: c.doorbells.Load(), OpErrors: c.opErrors.Load(),
+		OpsDC: c.opsDC.Load(), OpsRC: c.opsRC.Load(), Doorbells: c.doorbells.Load(), OpErrors: c.opErrors.Load(), Coalesced: c.coalesced.Load(),
 		Fences: c.fences.Load(), VQPToRC: c.vqpToRC.Load(), VQPToDC: c.vqpToDC.Load(),
 		DCIWaits: c.dciWaits.Load(), DCIYields: c.dciYields.Load(),
 		RejectLocal: c.rejLocal.Load(), RejectNoRegion: c.rejNoRegion.Load(), RejectBounds: c.rejBounds.Load(),

@@ -189,6 +189,37 @@ print("ok")`, h2+"/peers/1/mem", c.dir+"/blob")
 		}
 	})
 
+	t.Run("concurrent preads batched", func(t *testing.T) {
+		py := fmt.Sprintf(`import os, re, threading
+def st():
+    s = open(%q).read()
+    return {k: int(v) for k, v in re.findall(r"node\.(Doorbells|Coalesced|OpsDC|OpsRC) (\d+)", s)}
+fd = os.open(%q, os.O_RDONLY)
+want = os.pread(fd, 4096, 0)
+bad = []
+def work():
+    for i in range(300):
+        if os.pread(fd, 4096, 0) != want:
+            bad.append(i)
+before = st()
+ts = [threading.Thread(target=work) for _ in range(8)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+after = st()
+d = {k: after[k] - before[k] for k in after}
+ops = d["OpsDC"] + d["OpsRC"]
+print(d)
+assert not bad, "wrong bytes"
+assert ops >= 2400, d
+assert d["Coalesced"] > 0 and d["Doorbells"] < ops, d
+print("ok")`, h1+"/stats", h1+"/peers/2/mem")
+		out := c.mustSh(t, "python3 -c '"+py+"'")
+		if !strings.Contains(out, "ok") {
+			t.Fatalf("concurrent preads: %s", out)
+		}
+		t.Logf("8 threads x 300 preads of one file: %s", strings.SplitN(out, "\n", 2)[0])
+	})
+
 	t.Run("atomics from two hosts", func(t *testing.T) {
 		const n = 200
 		c.mustSh(t, fmt.Sprintf("head -c 8 /dev/zero | dd of=%s/regions/mem bs=8 seek=1000 conv=notrunc status=none", h3))
