@@ -19,6 +19,9 @@
 //
 // Opening a peer file gives the open file its own virtual QP (Backend.
 // Connect); pread and pwrite are one-sided READs and WRITEs at that offset.
+// Concurrent preads of one file are served concurrently (go-fuse runs
+// requests in parallel) and batched by qpcore: operations that arrive while
+// others of the peer are in flight leave together with one doorbell.
 // Files are direct_io, so every read reaches the peer. A read at or past
 // the end returns 0, a read across it is short, a write past it fails with
 // EFBIG. Errors come back as errno: EIO for a remote failure, ETIMEDOUT,
