@@ -134,8 +134,9 @@ func (r *registry) register(m *message, now time.Time) (message, []slotWrite) {
 	return rep, ws
 }
 
-// heartbeat renews the lease of (gid, incarnation).
-func (r *registry) heartbeat(m *message, now time.Time) (message, []slotWrite) {
+// owned returns the reply to m and the lease m may act on: the one of
+// (gid, incarnation); without it the reply already says why.
+func (r *registry) owned(m *message) (message, *lease) {
 	rep := message{kind: m.kind | replyBit, reqID: m.reqID, node: NodeInfo{GID: m.node.GID}}
 	l := r.nodes[m.node.GID]
 	switch {
@@ -144,6 +145,16 @@ func (r *registry) heartbeat(m *message, now time.Time) (message, []slotWrite) {
 		return rep, nil
 	case l.node.Incarnation != m.node.Incarnation:
 		rep.status = stInUse
+		return rep, nil
+	}
+	return rep, l
+}
+
+// heartbeat renews the lease of (gid, incarnation).
+func (r *registry) heartbeat(m *message, now time.Time) (message, []slotWrite) {
+	rep, l := r.owned(m)
+	switch {
+	case l == nil:
 		return rep, nil
 	case now.After(l.expires):
 		// Too late: the lease ended. The node must register again.
@@ -162,14 +173,8 @@ func (r *registry) heartbeat(m *message, now time.Time) (message, []slotWrite) {
 
 // deregister removes (gid, incarnation) at once.
 func (r *registry) deregister(m *message) (message, []slotWrite) {
-	rep := message{kind: m.kind | replyBit, reqID: m.reqID, node: NodeInfo{GID: m.node.GID}}
-	l := r.nodes[m.node.GID]
-	switch {
-	case l == nil:
-		rep.status = stNotRegistered
-		return rep, nil
-	case l.node.Incarnation != m.node.Incarnation:
-		rep.status = stInUse
+	rep, l := r.owned(m)
+	if l == nil {
 		return rep, nil
 	}
 	return rep, []slotWrite{r.drop(l)}

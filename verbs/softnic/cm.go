@@ -58,8 +58,6 @@ func (c *cmState) init() {
 	c.done = make(map[cmKey]*cmRecord)
 }
 
-func (c *cmState) close() {}
-
 // ListenRC registers a CM service.
 func (d *Device) ListenRC(service uint32, accept verbs.AcceptFunc) error {
 	if accept == nil {

@@ -267,7 +267,6 @@ func (d *Device) Close() error {
 		}
 		d.mu.Unlock()
 		err = d.link.Close()
-		d.cm.close()
 		for _, q := range qs {
 			q.mu.Lock()
 			q.dead = true

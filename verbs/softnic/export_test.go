@@ -40,15 +40,3 @@ func dumpLocked(q *qp) string {
 	}
 	return b.String()
 }
-
-// DebugDCT describes a DCT's contexts.
-func DebugDCT(v verbs.QP) string {
-	q := v.(*qp)
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var b strings.Builder
-	for k, c := range q.dcts {
-		fmt.Fprintf(&b, "  %v/%d: session=%d ePSN=%d inMsg=%v nakSeqSent=%v\n", k.addr, k.qpn, c.session, c.ePSN, c.inMsg, c.nakSeqSent)
-	}
-	return b.String()
-}

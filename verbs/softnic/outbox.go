@@ -32,14 +32,16 @@ func (o *outbox) flush(d *Device) {
 	if len(o.pkts) == 0 {
 		return
 	}
+	var bytes uint64
 	for i := range o.pkts {
 		p := &o.pkts[i]
 		if o.mac != nil {
 			o.mac.sign(p.Hdr, p.Payload)
 		}
-		d.stats.txPackets.Add(1)
-		d.stats.txBytes.Add(uint64(p.Len()))
+		bytes += uint64(p.Len())
 	}
+	d.stats.txPackets.Add(uint64(len(o.pkts)))
+	d.stats.txBytes.Add(bytes)
 	_ = d.link.Send(o.pkts) // losses are the protocol's to repair
 	clear(o.pkts)
 	o.pkts = o.pkts[:0]
