@@ -120,7 +120,9 @@ func (n *node) sync() {
 	}
 }
 
-func (n *node) sge(off uint64, l uint32) verbs.SGE { return verbs.SGE{MR: n.mr, Offset: off, Length: l} }
+func (n *node) sge(off uint64, l uint32) verbs.SGE {
+	return verbs.SGE{MR: n.mr, Offset: off, Length: l}
+}
 
 func (n *node) rcQP(srq verbs.SRQ) verbs.QP {
 	n.e.t.Helper()
