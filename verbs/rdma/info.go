@@ -1,0 +1,148 @@
+package rdma
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// Errors of opening and listing devices.
+var (
+	// ErrNotBuilt: this binary was built without the rdma build tag, so
+	// it has no libibverbs backend.
+	ErrNotBuilt = errors.New("rdma: this krfs was built without RDMA support (go build -tags rdma, needs libibverbs-dev)")
+	// ErrNoDevice: libibverbs found no RDMA device (no RNIC, or no
+	// kernel driver for it).
+	ErrNoDevice = errors.New("rdma: no RDMA device found (libibverbs lists none)")
+)
+
+// DeviceInfo describes an RDMA device (an RNIC) for listings.
+type DeviceInfo struct {
+	Name     string // ibv_get_device_name: mlx5_0, rxe0, ...
+	NodeGUID string
+	FW       string
+	VendorID uint32
+	PartID   uint32
+	// DC says whether the device offers the Dynamically Connected
+	// transport (mlx5 direct verbs and a DCI that could be created);
+	// DCNote says why not.
+	DC     bool
+	DCNote string
+	// ZeroBased says whether the device registers zero-based MRs (the
+	// verbs contract); probed by registering a page with iova 0.
+	ZeroBased bool
+	Ports     []PortInfo
+}
+
+// PortInfo describes one port of a device.
+type PortInfo struct {
+	Num       int
+	State     string // ACTIVE, DOWN, ...
+	LinkLayer string // InfiniBand or Ethernet (RoCE)
+	LID       uint16
+	ActiveMTU int
+	GIDs      []GIDInfo
+}
+
+// GIDInfo is one valid entry of a port's GID table.
+type GIDInfo struct {
+	Index  int
+	GID    GID
+	Type   string // IB, RoCEv1, RoCEv2
+	NetDev string
+}
+
+// Usable reports whether the port can carry krfs traffic: active, with a
+// LID (InfiniBand) or a RoCEv2 GID (Ethernet).
+func (p PortInfo) Usable() bool {
+	if p.State != "ACTIVE" {
+		return false
+	}
+	if p.LinkLayer == "InfiniBand" {
+		return p.LID != 0
+	}
+	_, ok := p.DefaultGID()
+	return ok
+}
+
+// DefaultGID picks the GID index krfs uses when none is configured: on
+// Ethernet the first RoCEv2 GID holding an IPv4-mapped address, else the
+// first RoCEv2 GID; on InfiniBand index 0.
+func (p PortInfo) DefaultGID() (GIDInfo, bool) {
+	var v2 []GIDInfo
+	for _, g := range p.GIDs {
+		if p.LinkLayer == "InfiniBand" && g.Index == 0 {
+			return g, true
+		}
+		if g.Type == "RoCEv2" {
+			v2 = append(v2, g)
+		}
+	}
+	for _, g := range v2 {
+		if g.GID.IP().Is4() {
+			return g, true
+		}
+	}
+	if len(v2) > 0 {
+		return v2[0], true
+	}
+	return GIDInfo{}, false
+}
+
+// Config selects what Open opens.
+type Config struct {
+	// Device is the device name (mlx5_0); empty means the first device
+	// with a usable port.
+	Device string
+	// Port is the port number; 0 means the first usable port.
+	Port int
+	// GIDIndex is the GID table index; -1 means DefaultGID.
+	GIDIndex int
+	// CMAddr is the UDP address of the device's connection manager, which
+	// is also the device's verbs address. Empty means the GID's IP (RoCE)
+	// or all interfaces (InfiniBand) on port 0, a free port.
+	CMAddr string
+}
+
+// Describe formats devices for `krfs devices`.
+func Describe(devs []DeviceInfo) string {
+	var b strings.Builder
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%s  guid %s  fw %s  vendor %#x part %d\n", d.Name, d.NodeGUID, d.FW, d.VendorID, d.PartID)
+		if d.DC {
+			b.WriteString("  DC: yes (mlx5 DCI/DCT)\n")
+		} else {
+			fmt.Fprintf(&b, "  DC: no (%s): krfs runs RC-only on this device\n", d.DCNote)
+		}
+		if !d.ZeroBased {
+			b.WriteString("  zero-based MRs: NO: krfs cannot use this device (kernel or driver too old)\n")
+		}
+		for _, p := range d.Ports {
+			fmt.Fprintf(&b, "  port %d  %s  %s  lid %d  mtu %d  usable %v\n", p.Num, p.State, p.LinkLayer, p.LID, p.ActiveMTU, p.Usable())
+			for _, g := range p.GIDs {
+				ip := ""
+				if p.LinkLayer == "Ethernet" {
+					ip = " (" + g.GID.IP().String() + ")"
+				}
+				fmt.Fprintf(&b, "    gid %d  %s  %s%s %s\n", g.Index, netip.AddrFrom16(g.GID).String(), g.Type, ip, g.NetDev)
+			}
+		}
+	}
+	return b.String()
+}
+
+// Caps describes an opened device port.
+type Caps struct {
+	Name      string
+	Port      int
+	GIDIndex  int
+	GID       GID
+	LID       uint16
+	LinkLayer string
+	MTU       int
+	// DC says whether DCIs and DCTs can be created; without DC, qpcore
+	// must run RC-only. DCNote says why not.
+	DC     bool
+	DCNote string
+}
