@@ -32,9 +32,12 @@ const Built = true
 // whether they offer DC. No device is not an error: the list is empty.
 func Devices() ([]DeviceInfo, error) {
 	var n C.int
-	list := C.ibv_get_device_list(&n)
+	list, err := C.ibv_get_device_list(&n)
 	if list == nil {
-		return nil, fmt.Errorf("rdma: ibv_get_device_list: %w", errnoErr())
+		if errors.Is(err, syscall.ENOSYS) {
+			return nil, nil // the kernel has no RDMA support: no devices
+		}
+		return nil, fmt.Errorf("rdma: ibv_get_device_list: %v", err)
 	}
 	defer C.ibv_free_device_list(list)
 	var out []DeviceInfo
@@ -46,12 +49,6 @@ func Devices() ([]DeviceInfo, error) {
 		out = append(out, info)
 	}
 	return out, nil
-}
-
-func errnoErr() error {
-	// The errno of the last C call, read by cgo's two-value call form
-	// where it matters; this fallback names the failure generically.
-	return errors.New("libibverbs call failed")
 }
 
 func describe(dev *C.struct_ibv_device) (DeviceInfo, error) {
@@ -977,23 +974,18 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 	if a.RetryCnt < 0 || a.RetryCnt > 7 || a.RNRRetry < 0 || a.RNRRetry > 7 {
 		return fmt.Errorf("%w: retry counts are 0..7", verbs.ErrInvalidArg)
 	}
+	// Timeouts and retry counts take effect at RTS; unset counts mean 7
+	// (RNR retry 7 is "infinite", as in IB).
 	at := q.attr
 	if a.Timeout != 0 {
 		at.Timeout = a.Timeout
 	}
+	at.RetryCnt, at.RNRRetry = 7, 7
 	if a.RetryCnt != 0 || a.Mask&verbs.AttrRetryCnt != 0 {
 		at.RetryCnt = a.RetryCnt
-	} else if at.RetryCnt == 0 && a.Mask&verbs.AttrRetryCnt == 0 && q.attr.Mask&verbs.AttrRetryCnt == 0 {
-		at.RetryCnt = 7
 	}
 	if a.RNRRetry != 0 || a.Mask&verbs.AttrRNRRetry != 0 {
 		at.RNRRetry = a.RNRRetry
-		at.Mask |= verbs.AttrRNRRetry
-	} else if at.Mask&verbs.AttrRNRRetry == 0 {
-		at.RNRRetry = 7
-	}
-	if a.Mask&verbs.AttrRetryCnt != 0 {
-		at.Mask |= verbs.AttrRetryCnt
 	}
 	if a.MinRNRTimer != 0 {
 		at.MinRNRTimer = a.MinRNRTimer

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/krfs/krfs/verbs"
@@ -131,8 +132,11 @@ var cmCases = []namedCase{
 		a, b := e.node(), e.node()
 		svc := rand.Uint32() | 1
 		qb := b.rcQP(nil)
+		var mu sync.Mutex // accept runs on the device's goroutine
 		var req verbs.ConnRequest
 		e.ok(b.dev.ListenRC(svc, func(r verbs.ConnRequest) (verbs.QP, []byte, error) {
+			mu.Lock()
+			defer mu.Unlock()
 			req = r
 			return qb, []byte("reply"), nil
 		}), "ListenRC")
@@ -144,6 +148,8 @@ var cmCases = []namedCase{
 		defer cancel()
 		priv, err := a.dev.ConnectRC(ctx, qa, b.dev.Addr(), svc, verbs.ConnParams{Private: []byte("request")})
 		e.ok(err, "ConnectRC")
+		mu.Lock()
+		defer mu.Unlock()
 		if string(priv) != "reply" || string(req.Private) != "request" || req.RemoteQPN != qa.QPN() || req.RemoteAddr != a.dev.Addr() {
 			e.t.Fatalf("private data %q, request %+v", priv, req)
 		}

@@ -105,8 +105,7 @@ var errorCases = []namedCase{
 	}},
 	{"RetryExhausted", func(e *env) {
 		a, b := e.node(), e.node()
-		qa, _ := e.connect(a, b, nil)
-		e.ok(qa.Modify(verbs.QPAttr{State: verbs.StateRTS, Timeout: 20 * time.Millisecond, RetryCnt: 1}), "RTS -> RTS")
+		qa, _ := e.manual(a, b, verbs.QPAttr{Timeout: 20 * time.Millisecond, RetryCnt: 1})
 		_ = b.dev.Close()
 		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpRead, Local: a.sge(0, 8), RKey: b.mr.RKey()},
 			verbs.SendWR{ID: 2, Op: verbs.OpWrite, Local: a.sge(0, 8), RKey: b.mr.RKey()})
@@ -117,8 +116,7 @@ var errorCases = []namedCase{
 	}},
 	{"RNRRetryExhausted", func(e *env) {
 		a, b := e.node(), e.node()
-		qa, qb := e.connect(a, b, nil)
-		e.ok(qa.Modify(verbs.QPAttr{State: verbs.StateRTS, Mask: verbs.AttrRNRRetry, RNRRetry: 0}), "RTS -> RTS")
+		qa, qb := e.manual(a, b, verbs.QPAttr{Timeout: connParams.Timeout, RetryCnt: 7, Mask: verbs.AttrRNRRetry, RNRRetry: 0})
 		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpSend, Local: a.sge(0, 8)},
 			verbs.SendWR{ID: 2, Op: verbs.OpSend, Local: a.sge(0, 8)})
 		wcs := e.timedWCs(a.cq, 2)

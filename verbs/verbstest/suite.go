@@ -160,6 +160,26 @@ func (e *env) connect(a, b *node, srq verbs.SRQ) (qa, qb verbs.QP) {
 	return qa, qb
 }
 
+// manual connects a fresh RC QP on a to a fresh RC QP on b by hand with
+// Modify (no connection manager), a's RTS taking the timeouts and retry
+// counts of rts (hardware cannot change them later, in RTS).
+func (e *env) manual(a, b *node, rts verbs.QPAttr) (qa, qb verbs.QP) {
+	e.t.Helper()
+	qa, qb = a.rcQP(nil), b.rcQP(nil)
+	all := verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+	for _, p := range []struct {
+		q, peer verbs.QP
+		to      *node
+		rts     verbs.QPAttr
+	}{{qa, qb, b, rts}, {qb, qa, a, verbs.QPAttr{Timeout: connParams.Timeout, RetryCnt: 7, RNRRetry: 7}}} {
+		e.ok(p.q.Modify(verbs.QPAttr{State: verbs.StateInit, Access: all}), "INIT")
+		e.ok(p.q.Modify(verbs.QPAttr{State: verbs.StateRTR, RemoteAddr: p.to.dev.Addr(), RemoteQPN: p.peer.QPN(), RQPSN: 100}), "RTR")
+		p.rts.State, p.rts.SQPSN = verbs.StateRTS, 100
+		e.ok(p.q.Modify(p.rts), "RTS")
+	}
+	return qa, qb
+}
+
 // dct makes a DCT on n with its own SRQ, in RTR, granting all remote access.
 func (n *node) dct(key uint64) (verbs.QP, verbs.SRQ) {
 	t := n.e.t
