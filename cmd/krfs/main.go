@@ -42,6 +42,7 @@ func init() {
 		{"atomic", "atomic faa FILE OFFSET DELTA | atomic cas FILE OFFSET COMPARE SWAP", runAtomic},
 		{"res", "res MOUNTPOINT qp|mr|peer [-j]: list QPs, regions or peers, like rdma res show", runRes},
 		{"bench", "bench TEST [flags]: perftest-style benchmarks", runBench},
+		{"devices", "devices [-j]: list RDMA devices, ports, GIDs and DC capability", runDevices},
 		{"version", "version: print the version", func([]string, io.Writer, io.Writer) error {
 			fmt.Println("krfs", Version)
 			return nil
