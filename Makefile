@@ -32,7 +32,7 @@ TEST_TIMEOUT ?= 20m
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench gobench clean demo install
+.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench gobench clean demo install rdma-check
 
 build:
 	$(GO) build ./...
@@ -43,7 +43,21 @@ build:
 
 test: lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory rdma-check
 	@$(MAKE) --no-print-directory fuzz-short
+
+# The libibverbs backend (verbs/rdma, build tag rdma): build and vet every
+# package with the tag, then run the tests that use it. Without an RNIC
+# the device tests skip and say so; the translation, pre-check and
+# connection-manager tests run. Needs libibverbs-dev (rdma-core >= 44).
+RDMA_PKGS ?= ./verbs/rdma ./nic
+rdma-check:
+	@[ -f /usr/include/infiniband/verbs.h ] || { \
+		echo "rdma-check: /usr/include/infiniband/verbs.h missing: apt-get install libibverbs-dev"; exit 1; }
+	$(GO) build -tags rdma ./...
+	$(GO) vet -tags rdma ./...
+	$(GO) test -tags rdma -race -count=1 -timeout $(TEST_TIMEOUT) $(RDMA_PKGS)
+	$(GO) test -tags rdma -race -count=1 -run '^TestDevices' ./cmd/krfs
 
 lint: vet fmtcheck
 

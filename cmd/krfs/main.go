@@ -6,6 +6,7 @@
 //	krfs atomic faa FILE OFFSET DELTA
 //	krfs atomic cas FILE OFFSET COMPARE SWAP
 //	krfs res MOUNTPOINT qp|mr|peer [-j]
+//	krfs devices [-j]               list RDMA devices (RNICs)
 //	krfs version
 //
 // Run `krfs CMD -h` for the flags of a command.
