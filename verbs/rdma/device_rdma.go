@@ -455,7 +455,7 @@ func (d *Device) avFor(e endpoint) C.struct_krfs_mod {
 	var m C.struct_krfs_mod
 	m.port = C.uint8_t(d.port)
 	m.dlid = C.uint16_t(e.LID)
-	if !d.ib || !e.GID.IsZero() && d.ib && e.LID == 0 {
+	if !d.ib { // RoCE: routed by GID (RoCEv2: UDP/IP)
 		m.is_global = 1
 		m.sgid_index = C.uint8_t(d.gidIndex)
 		for i, b := range e.GID {
@@ -719,31 +719,31 @@ func (d *Device) translate(w *C.struct_krfs_wc) verbs.WC {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if st != verbs.StatusSuccess && st != verbs.StatusWRFlushErr || st == verbs.StatusWRFlushErr && q.state != verbs.StateErr {
-		// The NIC moved the QP to ERR. (A DCT stays up: it is shared.)
-		if q.typ != verbs.DCT {
-			q.state = verbs.StateErr
-		}
-	}
 	if recv && q.srq != nil {
 		q.srq.posted.Add(-1)
 	}
+	current := true // false for a completion from before the QP's last RESET
 	switch {
-	case q.typ == verbs.RC && recv:
-		wc.SrcAddr, wc.SrcQPN = q.remote, q.remoteQPN
-		if st != verbs.StatusSuccess {
-			wc.Op = verbs.OpRecv
-		}
 	case recv:
-		// A DCT receive names the DCI's QPN; the NIC does not report the
-		// sender's address (SrcAddr stays zero on hardware).
 		if st != verbs.StatusSuccess {
 			wc.Op = verbs.OpRecv
 		}
+		if q.typ == verbs.RC {
+			wc.SrcAddr, wc.SrcQPN = q.remote, q.remoteQPN
+		}
+		// A DCT receive names the DCI's QPN; the NIC does not report the
+		// sender's address, so SrcAddr stays zero on hardware.
 	default:
-		if op, ok := q.sq.complete(wc.ID); ok && st != verbs.StatusSuccess {
+		// Send completions carry the opcode the WR was posted with (an
+		// error CQE has none, and WRITE_WITH_IMM completes as a WRITE).
+		var op verbs.Opcode
+		if op, current = q.sq.complete(wc.ID); current {
 			wc.Op = op
 		}
+	}
+	if current && st != verbs.StatusSuccess && q.typ != verbs.DCT {
+		// The NIC moved the QP to ERR (a DCT, being shared, stays up).
+		q.state = verbs.StateErr
 	}
 	return wc
 }
@@ -1127,29 +1127,25 @@ func (q *qp) postLocked(wrs []verbs.SendWR, ahs []*C.struct_ibv_ah, tail error) 
 			pinner.Pin(&wrs[i].InlineData[0])
 		}
 	}
-	posted := len(q.raw)
+	n := len(q.raw)
 	var rc C.int
 	if q.typ == verbs.DCI {
 		if rc = C.krfs_post_dci(q.qp, &q.raw[0], C.int(len(q.raw))); rc != 0 {
-			posted = 0
+			n = 0 // ibv_wr_complete posts all or nothing
 		}
 	} else {
 		var bad C.int
 		if rc = C.krfs_post_rc(q.qp, &q.raw[0], C.int(len(q.raw)), &bad); rc != 0 {
-			posted = int(bad)
+			n = int(bad)
 		}
 	}
-	for i := range posted {
-		q.sq.push(posted_(wrs[i]))
+	for i := range n {
+		q.sq.push(posted{id: wrs[i].ID, op: wrs[i].Op, signaled: wrs[i].Flags&verbs.Signaled != 0})
 	}
 	if rc != 0 {
-		return &verbs.PostError{Index: posted, Err: fmt.Errorf("rdma: post send: %v", syscall.Errno(rc))}
+		return &verbs.PostError{Index: n, Err: fmt.Errorf("rdma: post send: %v", syscall.Errno(rc))}
 	}
 	return perr
-}
-
-func posted_(wr verbs.SendWR) posted {
-	return posted{id: wr.ID, op: wr.Op, signaled: wr.Flags&verbs.Signaled != 0}
 }
 
 func (q *qp) PostRecv(wrs []verbs.RecvWR) error {
