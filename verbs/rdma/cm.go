@@ -102,9 +102,45 @@ func listenCM(host cmHost, addr string) (*cmConn, error) {
 		listeners: map[uint32]verbs.AcceptFunc{}, pending: map[uint64]chan cmMsg{},
 		done: map[cmKey]*cmRecord{}, addrs: map[netip.AddrPort]endpoint{}}
 	c.addr = netip.AddrPortFrom(c.addr.Addr().Unmap(), c.addr.Port())
+	if c.addr.Addr().IsUnspecified() {
+		// Bound to every interface: peers need one address to name this
+		// device by, so publish the host's first global unicast address.
+		if ip, ok := hostIP(); ok {
+			c.addr = netip.AddrPortFrom(ip, c.addr.Port())
+		}
+	}
 	c.wg.Add(1)
 	go c.run()
 	return c, nil
+}
+
+// hostIP is the first global unicast address of an up interface,
+// preferring IPv4.
+func hostIP() (netip.Addr, bool) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	var v6 netip.Addr
+	for _, ifi := range ifs {
+		if ifi.Flags&net.FlagUp == 0 || ifi.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			p, err := netip.ParsePrefix(a.String())
+			if err != nil || !p.Addr().IsGlobalUnicast() {
+				continue
+			}
+			if p.Addr().Is4() {
+				return p.Addr(), true
+			}
+			if !v6.IsValid() {
+				v6 = p.Addr()
+			}
+		}
+	}
+	return v6, v6.IsValid()
 }
 
 func (c *cmConn) close() error {

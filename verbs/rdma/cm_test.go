@@ -217,3 +217,17 @@ func TestCMTimeoutAndResolve(t *testing.T) {
 		t.Fatalf("resolve nobody: %v", err)
 	}
 }
+
+func TestCMPublishesARoutableAddress(t *testing.T) {
+	c, err := listenCM(&fakeHost{mtu: 4096}, ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	if _, ok := hostIP(); ok && c.addr.Addr().IsUnspecified() {
+		t.Fatalf("CM bound to all interfaces publishes %v", c.addr)
+	}
+	if c.addr.Port() == 0 {
+		t.Fatalf("CM address %v has no port", c.addr)
+	}
+}
