@@ -76,7 +76,8 @@ func TestConformanceHardware(t *testing.T) {
 			t.Cleanup(func() { d.Close() })
 			return d
 		},
-		NoDC:           !caps.DC,
-		InexactReasons: true,
+		NoDC:             !caps.DC,
+		InexactReasons:   true,
+		DCTSourceUnknown: true,
 	})
 }

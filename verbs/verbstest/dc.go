@@ -19,7 +19,7 @@ var dcCases = []namedCase{
 				wrs[i].Target = tgt
 			}
 			e.post(dci, wrs...)
-		}, srq, dci.QPN())
+		}, srq, dci.QPN(), !e.f.DCTSourceUnknown)
 	}},
 	{"StateMachine", func(e *env) {
 		n := e.node()

@@ -28,7 +28,8 @@
 // Devices, PDs, MRs:
 //   - Device.Addr is the address other devices name this one by (RC
 //     RemoteAddr, DCTarget.Addr, ConnectRC); WC.SrcAddr of a received
-//     message is the sender's Device.Addr.
+//     message is the sender's Device.Addr and WC.SrcQPN its QPN (no layer
+//     above reads them yet).
 //   - MRs are zero-based: remote memory is (rkey, offset in the MR); an MR
 //     made of a sub-slice starts at offset 0 of that sub-slice (meta's
 //     table, qpcore's exported regions).
@@ -110,5 +111,7 @@
 // transport error instead of REM_INV_REQ_ERR, where hardware cannot tell
 // the reason (ibv_wc carries no reason; an mlx5 DCT drops requests with a
 // wrong key silently): the status must still be an error and the QP must
-// still move to ERR and flush.
+// still move to ERR and flush. Fabric.DCTSourceUnknown accepts DCT
+// receives without the sender's address (mlx5 reports only the DCI's
+// QPN).
 package verbstest

@@ -30,6 +30,10 @@ type Fabric struct {
 	// DC key or DCT-number mismatch may surface as a transport error, as
 	// on hardware (see the package doc).
 	InexactReasons bool
+	// DCTSourceUnknown says a receive completion on a DCT does not name
+	// the sender's device address (WC.SrcAddr), as on mlx5, where only
+	// the DCI's QPN is reported. No layer above relies on it.
+	DCTSourceUnknown bool
 }
 
 // Deadline bounds every wait of the suite for something that must happen.
