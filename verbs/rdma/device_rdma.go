@@ -909,7 +909,7 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 		return nil, fmt.Errorf("rdma: creating a %v QP: %v", cfg.Type, err)
 	}
 	q := &qp{pd: p, qp: cqp, typ: cfg.Type, qpn: uint32(cqp.qp_num), caps: caps, scq: scq, rcq: rcq, srq: s,
-		sq: newSendTrack(caps.MaxSendWR)}
+		sq: newSendTrack(caps.MaxSendWR), attr: verbs.QPAttr{RetryCnt: 7, RNRRetry: 7}}
 	d.mu.Lock()
 	d.qps[q.qpn] = q
 	d.mu.Unlock()
@@ -974,13 +974,14 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 	if a.RetryCnt < 0 || a.RetryCnt > 7 || a.RNRRetry < 0 || a.RNRRetry > 7 {
 		return fmt.Errorf("%w: retry counts are 0..7", verbs.ErrInvalidArg)
 	}
-	// Timeouts and retry counts take effect at RTS; unset counts mean 7
-	// (RNR retry 7 is "infinite", as in IB).
+	// Timeouts and retry counts take effect at RTS. Like softnic, a QP
+	// keeps what it was given across transitions and RESET (meta sets
+	// its RNR retry count in INIT before the connection manager brings
+	// the QP up); counts start at 7 (RNR retry 7 is "infinite", as in IB).
 	at := q.attr
 	if a.Timeout != 0 {
 		at.Timeout = a.Timeout
 	}
-	at.RetryCnt, at.RNRRetry = 7, 7
 	if a.RetryCnt != 0 || a.Mask&verbs.AttrRetryCnt != 0 {
 		at.RetryCnt = a.RetryCnt
 	}
