@@ -27,6 +27,9 @@ type Options struct {
 	Debug bool
 	// Name is the fuse.<Name> filesystem type shown in the mount table.
 	Name string
+	// Logf, if set, receives a line for each refused request an operator
+	// should see (a region its memory cannot hold).
+	Logf func(format string, args ...any)
 }
 
 // MaxIO is the largest read or write one FUSE request carries (the

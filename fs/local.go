@@ -55,6 +55,7 @@ func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode
 	}
 	r, err := d.m.b.Export(name, 0, mode&0o7777, uid, gid)
 	if err != nil {
+		d.m.logf("regions/%s: create: %v", name, err)
 		return nil, nil, 0, errno(err)
 	}
 	fillLocal(&out.Attr, r)
@@ -151,6 +152,7 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 			return syscall.EFBIG
 		}
 		if _, err := f.m.b.Export(f.name, int64(sz), info.Mode, info.UID, info.GID); err != nil {
+			f.m.logf("regions/%s: resize to %d bytes: %v", f.name, sz, err)
 			return errno(err)
 		}
 	}

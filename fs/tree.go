@@ -20,6 +20,12 @@ type mount struct {
 	ports map[uint32]Port // bound through ports/
 }
 
+func (m *mount) logf(format string, args ...any) {
+	if m.o.Logf != nil {
+		m.o.Logf(format, args...)
+	}
+}
+
 func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc) {
 	// FUSE cancels ctx when the calling process gets a signal; a short
 	// remote operation is not worth abandoning half way (MACHINE.md), so

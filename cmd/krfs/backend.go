@@ -113,6 +113,10 @@ func (b *nodeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs
 	}
 	r, err := b.store.Map(name, size, os.FileMode(mode&0o777), int(uid), int(gid))
 	if err != nil {
+		if old := b.store.Get(name); old != nil && len(old.Mem) > 0 {
+			// A refused growth keeps the old region: export it again.
+			_, _ = b.export(old, mode, uid, gid)
+		}
 		return fs.Region{}, err
 	}
 	return b.export(r, mode, uid, gid)
