@@ -164,8 +164,8 @@ type Server struct {
 	// retired holds the QPNs of loopback QPs destroyed by a repair, whose
 	// late completions are ignored. Owned by the loop.
 	retired map[uint32]bool
-	dct      verbs.QP
-	dctSRQ   verbs.SRQ
+	dct     verbs.QP
+	dctSRQ  verbs.SRQ
 
 	// connMu guards conns and closed. accept takes it on the device's
 	// receive path; the loop takes it to find and reap connections.
@@ -184,10 +184,10 @@ type Server struct {
 	// loopBroken is set when the loopback QP pair failed; repairLoopLocked
 	// re-creates it before the next flush.
 	loopBroken bool
-	nextWR   uint64
-	reposts  []verbs.RecvWR
-	replies  []outReply
-	arena    []byte
+	nextWR     uint64
+	reposts    []verbs.RecvWR
+	replies    []outReply
+	arena      []byte
 
 	sweeper *ticker
 	done    chan struct{}
