@@ -479,3 +479,90 @@ func TestExactByteCounts(t *testing.T) {
 		t.Logf("the cut did not interrupt the reads (%d whole, %d failed)", full, failed)
 	}
 }
+
+// TestMetaHealsAfterLoopbackLoss: the meta service's own loopback UDP (its
+// table writer, from its port to its port) is dropped for 3 s while a
+// node registers; once the loss ends, a new node joins within 10 s, and
+// the one that registered during the loss is up or gave up during it.
+func TestMetaHealsAfterLoopbackLoss(t *testing.T) {
+	requireE2E(t)
+	requireNft(t)
+	bin := build(t, mustAbs(t, ".."))
+	dir := opsDir(t)
+	ns := privateNS(t, "meta")
+	// Node 1 runs the meta service, embedded, on its NIC at :4930; the
+	// table writer's packets go from that port to itself.
+	a := mkdir(t, filepath.Join(dir, "a"))
+	startNSMount(t, bin, ns, a, "--listen", "127.0.0.1:4930", "--gid", "1", "--mem-size", "1M",
+		"--shm-dir", filepath.Join(dir, "shm-a"))
+
+	nft(t, ns, "add", "table", "inet", "chaos")
+	nft(t, ns, "add", "chain", "inet", "chaos", "input", "{ type filter hook input priority 0; }")
+	nft(t, ns, "add", "rule", "inet", "chaos", "input", "udp", "sport", "4930", "udp", "dport", "4930", "drop")
+	// Node 2 registers during the loss: its mount waits on the meta.
+	b := mkdir(t, filepath.Join(dir, "b"))
+	bLog, _ := os.Create(b + ".log")
+	bCmd := exec.Command("nsenter", "--net=/run/netns/"+ns, bin, "mount", b, "--listen", "127.0.0.1:4932", "--gid", "2",
+		"--mem-size", "1M", "--shm-dir", filepath.Join(dir, "shm-b"), "--meta", "127.0.0.1:4930")
+	bCmd.Stdout, bCmd.Stderr = bLog, bLog
+	if err := bCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bLog.Close()
+	bExited := make(chan struct{})
+	var bExitedAt time.Time
+	go func() { bCmd.Wait(); bExitedAt = time.Now(); close(bExited) }()
+	t.Cleanup(func() {
+		bCmd.Process.Signal(os.Interrupt)
+		select {
+		case <-bExited:
+		case <-time.After(10 * time.Second):
+			bCmd.Process.Kill()
+			<-bExited
+		}
+		if isMounted(b) {
+			syscall.Unmount(b, syscall.MNT_DETACH)
+		}
+	})
+	time.Sleep(3 * time.Second)
+	nft(t, ns, "delete", "table", "inet", "chaos")
+	end := time.Now()
+
+	// A new node joins within 10 s of the end of the loss.
+	c := mkdir(t, filepath.Join(dir, "c"))
+	startNSMount(t, bin, ns, c, "--listen", "127.0.0.1:4933", "--gid", "3", "--mem-size", "1M",
+		"--shm-dir", filepath.Join(dir, "shm-c"), "--meta", "127.0.0.1:4930")
+	if el := time.Since(end); el > 10*time.Second {
+		t.Errorf("a new node joined %v after the loss ended; want within 10 s", el)
+	}
+	// Node 2, which registered during the loss, is up too, or gave up
+	// during the loss saying why (its mount command bounds the wait for
+	// the meta service); it does not fail after the loss ended.
+	gids := []string{"1", "2", "3"}
+	for !isMounted(b) {
+		select {
+		case <-bExited:
+			lb, _ := os.ReadFile(b + ".log")
+			if bExitedAt.After(end) || !strings.Contains(string(lb), "did not answer") {
+				t.Fatalf("the node that registered during the loss exited %v after it ended: %s", bExitedAt.Sub(end), lb)
+			}
+			t.Logf("the node that registered during the loss gave up during it: %s", strings.TrimSpace(string(lb)))
+			gids = []string{"1", "3"}
+		default:
+		}
+		if len(gids) == 2 {
+			break
+		}
+		if time.Since(end) > 10*time.Second {
+			lb, _ := os.ReadFile(b + ".log")
+			t.Fatalf("the node that registered during the loss is not up 10 s after it ended: %s", lb)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("nodes %v up %v after the loss ended", gids, time.Since(end))
+	for _, gid := range gids {
+		if b, err := os.ReadFile(filepath.Join(c, "peers", gid, "info")); err != nil || !strings.Contains(string(b), "gid "+gid) {
+			t.Errorf("node 3 does not see node %s: %v %q", gid, err, b)
+		}
+	}
+}
