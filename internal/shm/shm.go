@@ -16,7 +16,9 @@
 // from an earlier run): a region the filesystem cannot hold is refused
 // with ENOSPC and a message that says how much is free, and nothing is
 // left half-grown. CheckFits lets a daemon refuse, before it starts, a
-// default region larger than the filesystem of its store.
+// default region larger than the filesystem of its store. Guard is the
+// last line of defence: it turns a fault that happens anyway (a region
+// file truncated behind the store's back) into an error.
 package shm
 
 import (
@@ -24,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -276,6 +279,27 @@ func CheckFits(dir string, size int64) error {
 	if size > free {
 		return fmt.Errorf("shm: %d bytes do not fit in the filesystem of %s (%d bytes free of %d): %w", size, at, free, total, syscall.ENOSPC)
 	}
+	return nil
+}
+
+// Guard runs f, which touches region memory, and turns a memory fault in
+// it into an error wrapping EFAULT instead of a crash. Map's reservation
+// leaves nothing to fault, unless a region file is truncated behind the
+// store's back (its directory is root's alone); Guard keeps the daemon
+// alive even then, failing only the operation. f must not hold locks a
+// fault would leave held.
+func Guard(f func()) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if fault, ok := r.(interface{ Addr() uintptr }); ok {
+				err = fmt.Errorf("shm: memory fault at %#x (a region file shrank under its mapping): %w", fault.Addr(), syscall.EFAULT)
+				return
+			}
+			panic(r)
+		}
+	}()
+	f()
 	return nil
 }
 

@@ -141,3 +141,35 @@ func TestCheckFits(t *testing.T) {
 		t.Fatalf("3 MiB more in 1 MiB free: %v, want ENOSPC", err)
 	}
 }
+
+// Rule: a fault on region memory inside Guard is an error, not a crash.
+func TestGuardTurnsAFaultIntoAnError(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err := s.Map("r", 1<<16, 0o600, -1, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Guard(func() { r.Mem[100] = 1 }); err != nil {
+		t.Fatalf("a write to reserved memory: %v", err)
+	}
+	// Shrink the file behind the store's back: the mapping's pages past
+	// the new end now fault.
+	if err := os.Truncate(s.Path("r"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	err = Guard(func() { r.Mem[1<<15] = 1 })
+	if !errors.Is(err, syscall.EFAULT) {
+		t.Fatalf("a write past the truncated end: %v, want EFAULT", err)
+	}
+	// Panics that are not faults pass through.
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Guard swallowed a panic that was not a memory fault")
+		}
+	}()
+	Guard(func() { panic("not a fault") })
+}
