@@ -211,6 +211,19 @@ func TestAtomicsNeedADescriptorOpenForWriting(t *testing.T) {
 	if err := os.Truncate(filepath.Join(dir, "regions/r"), 4096); err != nil {
 		t.Fatal(err)
 	}
+	// The descriptor that created a region is writable too.
+	created, err := os.Create(filepath.Join(dir, "regions/new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := created.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	var out fs.AtomicArg
+	if old, err := ioctlAtomic(created, fs.IoctlFetchAdd, &fs.AtomicArg{Offset: 16, A: 3}, &out); err != nil || old != 0 {
+		t.Errorf("FETCH_ADD through the descriptor that created the region: %d %v", old, err)
+	}
+	created.Close()
 	for _, name := range []string{"peers/2/mem", "regions/r", "regions/mem"} {
 		path := filepath.Join(dir, name)
 		ro, err := os.Open(path)

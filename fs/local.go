@@ -60,7 +60,7 @@ func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode
 	}
 	fillLocal(&out.Attr, r)
 	n := d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG})
-	return n, nil, fuse.FOPEN_DIRECT_IO, 0
+	return n, &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (d *regionsDir) Unlink(ctx context.Context, name string) syscall.Errno {
