@@ -68,10 +68,13 @@ type Conn interface {
 	// Regions lists the peer's exported regions ("mem" is the default).
 	Regions(ctx context.Context) ([]Region, error)
 	// ReadAt reads the peer's region into p with one-sided READs. The
-	// response lands in p itself (zero copy).
+	// response lands in p itself (zero copy). It returns len(p), or an
+	// error (the filesystem then returns no bytes at all).
 	ReadAt(ctx context.Context, region string, p []byte, off int64) (int, error)
 	// WriteAt writes p into the peer's region with one-sided WRITEs, sent
-	// from p itself.
+	// from p itself. It returns len(p); on failure, the length of a prefix
+	// of p known to have landed (possibly 0) and the error. The filesystem
+	// reports a non-zero prefix as a short write and the error otherwise.
 	WriteAt(ctx context.Context, region string, p []byte, off int64) (int, error)
 	FetchAdd(ctx context.Context, region string, off int64, delta uint64) (uint64, error)
 	CompareAndSwap(ctx context.Context, region string, off int64, cmp, swap uint64) (uint64, error)

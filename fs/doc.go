@@ -22,9 +22,22 @@
 // Concurrent preads of one file are served concurrently (go-fuse runs
 // requests in parallel) and batched by qpcore: operations that arrive while
 // others of the peer are in flight leave together with one doorbell.
-// Files are direct_io, so every read reaches the peer. A read at or past
-// the end returns 0, a read across it is short, a write past it fails with
-// EFBIG. Errors come back as errno: EIO for a remote failure, ETIMEDOUT,
+// Files are direct_io, so every read reaches the peer.
+//
+// # Byte counts
+//
+// A read at or past the end returns 0 and a read across it is short. A
+// write across the end writes every byte in range and reports that count;
+// the next write, at the end, fails with EFBIG. A read that fails returns
+// an error, never part of its bytes, so a short read always means the end
+// of the region. A write that fails reports the prefix known to have
+// landed, or the error if none did. The kernel splits a transfer into
+// FUSE requests of at most MaxIO bytes (fewer when the caller's buffer is
+// not page-aligned) and, when a later request fails, returns the bytes of
+// the requests before it: exactly the prefix that was transferred; the
+// next call at the following offset returns the error.
+//
+// Errors come back as errno: EIO for a remote failure, ETIMEDOUT,
 // EHOSTDOWN for a dead peer, ENOENT for an unknown gid, region or port,
 // EACCES for a permission, EINVAL for bad alignment or arguments.
 //
@@ -33,7 +46,11 @@
 // IoctlFetchAdd and IoctlCompareAndSwap on any region file act on an
 // 8-byte aligned word and return its old value (AtomicArg). They are
 // restricted ioctls, which FUSE carries without help from the caller;
-// `krfs atomic faa|cas` is the shell form.
+// `krfs atomic faa|cas` is the shell form. An atomic writes, so like
+// write(2) it needs a descriptor opened for writing (O_WRONLY or O_RDWR):
+// through an O_RDONLY descriptor it fails with EBADF, on peer files and
+// on regions/ alike. Who may open a file for writing is the kernel's
+// decision from the file's mode and owner (with default_permissions).
 //
 // # Zero copy
 //

@@ -23,6 +23,9 @@ type fakeBackend struct {
 	down    map[uint32]bool
 	connect int // Connect calls
 	closed  int // Conn.Close calls
+	// fault, if set, runs instead of a remote ReadAt or WriteAt (write
+	// tells which) of a peer region; do performs the real transfer.
+	fault func(write bool, p []byte, off int64, do func(p []byte, off int64) (int, error)) (int, error)
 }
 
 type fakeRegion struct {
@@ -248,6 +251,9 @@ func (c *fakeConn) ReadAt(ctx context.Context, region string, p []byte, off int6
 	if err != nil {
 		return 0, err
 	}
+	if fault := c.faultHook(); fault != nil {
+		return fault(false, p, off, r.ReadAt)
+	}
 	return r.ReadAt(p, off)
 }
 
@@ -256,7 +262,16 @@ func (c *fakeConn) WriteAt(ctx context.Context, region string, p []byte, off int
 	if err != nil {
 		return 0, err
 	}
+	if fault := c.faultHook(); fault != nil {
+		return fault(true, p, off, r.WriteAt)
+	}
 	return r.WriteAt(p, off)
+}
+
+func (c *fakeConn) faultHook() func(bool, []byte, int64, func([]byte, int64) (int, error)) (int, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	return c.f.fault
 }
 
 func (c *fakeConn) FetchAdd(ctx context.Context, region string, off int64, d uint64) (uint64, error) {

@@ -27,6 +27,9 @@ type Options struct {
 	Debug bool
 	// Name is the fuse.<Name> filesystem type shown in the mount table.
 	Name string
+	// Logf, if set, receives a line for each refused request an operator
+	// should see (a region its memory cannot hold).
+	Logf func(format string, args ...any)
 }
 
 // MaxIO is the largest read or write one FUSE request carries (the
@@ -171,6 +174,59 @@ func atomicIoctl(cmd uint32, input, output []byte,
 	}
 	arg.Encode(output)
 	return 0, 0
+}
+
+// openedForWriting reports whether open flags allow writing.
+func openedForWriting(flags uint32) bool {
+	return flags&syscall.O_ACCMODE != syscall.O_RDONLY
+}
+
+// clipWrite bounds a write at off to a region of size bytes: a write that
+// starts inside and runs past the end writes (and reports) the bytes in
+// range, so that the caller's next write, at the end, gets EFBIG; a write
+// that starts at or past the end fails with EFBIG at once.
+func clipWrite(data []byte, off, size int64) ([]byte, syscall.Errno) {
+	switch {
+	case off < 0:
+		return nil, syscall.EINVAL
+	case len(data) == 0:
+		return data, 0
+	case off >= size:
+		return nil, syscall.EFBIG
+	case int64(len(data)) > size-off:
+		return data[:size-off], 0
+	}
+	return data, 0
+}
+
+// writeResult is the reply to a write of want bytes of which the backend
+// reports n written: the count of the prefix that landed, or the error
+// when nothing did. A count is never more than was asked.
+func writeResult(n, want int, err error) (uint32, syscall.Errno) {
+	if n > 0 && n <= want {
+		return uint32(n), 0 // exactly the prefix that landed
+	}
+	if err != nil {
+		return 0, errno(err)
+	}
+	if n != want {
+		return 0, syscall.EIO // a count the backend cannot have meant
+	}
+	return uint32(n), 0
+}
+
+// readResult is the reply to a read of want bytes into dest: all of them,
+// or an error. A failed read returns nothing (a read has no effect to
+// report, and a short count would look like the end of the region); so
+// does a backend that reports fewer bytes than asked without an error.
+func readResult(dest []byte, n, want int, err error) (fuse.ReadResult, syscall.Errno) {
+	if err != nil {
+		return nil, errno(err)
+	}
+	if n != want {
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:n]), 0
 }
 
 // parseUint parses a decimal name (a gid or a port).

@@ -103,8 +103,11 @@ func TestPeerMemory(t *testing.T) {
 		t.Fatalf("read at the end: %d %v, want EOF", n, err)
 	}
 	// Write past the end fails with EFBIG.
-	if _, err := file.WriteAt([]byte("xx"), 9999); !errors.Is(err, syscall.EFBIG) {
-		t.Fatalf("write past the end: %v, want EFBIG", err)
+	if n, err := unix.Pwrite(int(file.Fd()), []byte("xx"), 9999); n != 1 || err != nil {
+		t.Fatalf("write across the end: %d %v, want the 1 byte in range", n, err)
+	}
+	if _, err := unix.Pwrite(int(file.Fd()), []byte("x"), 10000); !errors.Is(err, syscall.EFBIG) {
+		t.Fatalf("write at the end: %v, want EFBIG", err)
 	}
 	// Atomics through the ioctl.
 	var arg fs.AtomicArg

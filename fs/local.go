@@ -55,11 +55,12 @@ func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode
 	}
 	r, err := d.m.b.Export(name, 0, mode&0o7777, uid, gid)
 	if err != nil {
+		d.m.logf("regions/%s: create: %v", name, err)
 		return nil, nil, 0, errno(err)
 	}
 	fillLocal(&out.Attr, r)
 	n := d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG})
-	return n, nil, fuse.FOPEN_DIRECT_IO, 0
+	return n, &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (d *regionsDir) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -151,17 +152,22 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 			return syscall.EFBIG
 		}
 		if _, err := f.m.b.Export(f.name, int64(sz), info.Mode, info.UID, info.GID); err != nil {
+			f.m.logf("regions/%s: resize to %d bytes: %v", f.name, sz, err)
 			return errno(err)
 		}
 	}
 	return f.Getattr(ctx, fh, out)
 }
 
+// localHandle is an open regions/<name>: whether it was opened for
+// writing (atomics need that).
+type localHandle struct{ writable bool }
+
 func (f *localRegionFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if _, e := f.region(); e != 0 {
 		return nil, 0, e
 	}
-	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+	return &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (f *localRegionFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -176,11 +182,9 @@ func (f *localRegionFile) Read(ctx context.Context, fh gofs.FileHandle, dest []b
 	if off >= size {
 		return fuse.ReadResultData(nil), 0
 	}
-	n, err := r.ReadAt(dest[:min(int64(len(dest)), size-off)], off)
-	if err != nil {
-		return nil, errno(err)
-	}
-	return fuse.ReadResultData(dest[:n]), 0
+	want := int(min(int64(len(dest)), size-off))
+	n, err := r.ReadAt(dest[:want], off)
+	return readResult(dest, n, want, err)
 }
 
 func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
@@ -191,17 +195,18 @@ func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []
 	if off < 0 {
 		return 0, syscall.EINVAL
 	}
-	if off+int64(len(data)) > r.Info().Size {
-		return 0, syscall.EFBIG
+	data, e = clipWrite(data, off, r.Info().Size)
+	if e != 0 || len(data) == 0 {
+		return 0, e
 	}
 	n, err := r.WriteAt(data, off)
-	if err != nil {
-		return 0, errno(err)
-	}
-	return uint32(n), 0
+	return writeResult(n, len(data), err)
 }
 
 func (f *localRegionFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	if h, ok := fh.(*localHandle); !ok || !h.writable {
+		return 0, syscall.EBADF // as on peer files: atomics write
+	}
 	r, e := f.region()
 	if e != 0 {
 		return 0, e

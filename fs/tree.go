@@ -20,6 +20,12 @@ type mount struct {
 	ports map[uint32]Port // bound through ports/
 }
 
+func (m *mount) logf(format string, args ...any) {
+	if m.o.Logf != nil {
+		m.o.Logf(format, args...)
+	}
+}
+
 func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc) {
 	// FUSE cancels ctx when the calling process gets a signal; a short
 	// remote operation is not worth abandoning half way (MACHINE.md), so
@@ -180,11 +186,12 @@ var (
 	_ = (gofs.NodeSetattrer)((*remoteFile)(nil))
 )
 
-// remoteHandle is an open remote file: its VQP and the region size seen at
-// open.
+// remoteHandle is an open remote file: its VQP, the region size seen at
+// open and whether it was opened for writing (atomics need that).
 type remoteHandle struct {
-	conn Conn
-	size int64
+	conn     Conn
+	size     int64
+	writable bool
 }
 
 func (f *remoteFile) fill(a *fuse.Attr, r Region) {
@@ -262,7 +269,8 @@ func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	}
 	// direct_io: every read reaches the peer; no readahead of 128 KiB for
 	// an 8-byte read.
-	return &remoteHandle{conn: conn, size: r.Size}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+	return &remoteHandle{conn: conn, size: r.Size, writable: openedForWriting(flags)},
+		fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (f *remoteFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
@@ -288,10 +296,7 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 	defer cancel()
 	// The READ response lands in dest, the buffer go-fuse replies from.
 	got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
-	if err != nil {
-		return nil, errno(err)
-	}
-	return fuse.ReadResultData(dest[:got]), 0
+	return readResult(dest, got, int(n), err)
 }
 
 func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
@@ -302,22 +307,22 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 	if off < 0 {
 		return 0, syscall.EINVAL
 	}
-	if off+int64(len(data)) > h.size {
-		return 0, syscall.EFBIG
+	data, e := clipWrite(data, off, h.size)
+	if e != 0 || len(data) == 0 {
+		return 0, e
 	}
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
 	// Sent straight from the FUSE request buffer.
 	n, err := h.conn.WriteAt(c, f.region, data, off)
-	if err != nil {
-		return 0, errno(err)
-	}
-	return uint32(n), 0
+	return writeResult(n, len(data), err)
 }
 
 func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
 	h, ok := fh.(*remoteHandle)
-	if !ok {
+	if !ok || !h.writable {
+		// An atomic writes: like write(2), it needs a descriptor opened
+		// for writing, whatever the file's mode.
 		return 0, syscall.EBADF
 	}
 	c, cancel := f.m.ctx(ctx)

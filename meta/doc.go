@@ -103,6 +103,18 @@
 // correct (a CPU store racing the NIC's copy of a READ response would be
 // a data race in Go's memory model, whatever the versions say).
 //
+// The loopback QP pair is a QP pair like any other: a burst of loss on the
+// host's own address (a firewall rule, a full socket buffer) exhausts its
+// retries and puts it in the error state. The server then heals it by
+// construction: it destroys the pair, connects a new one, and rewrites,
+// from its registry, every slot that a write group in flight or waiting
+// would have written (each under a newer version, so that a slot a failed
+// group left half-written is whole again); the replies those groups held
+// leave once the rewrite is done. A registration made during the fault is
+// therefore published, not lost, and ServerStats.LoopRepairs counts the
+// repairs. The DCT and client QPs are responders or per-client: a failed
+// client QP is reaped and the client reconnects.
+//
 // # Bootstrap
 //
 // A client connects to a server's connection-manager service

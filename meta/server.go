@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,6 +135,7 @@ type ServerStats struct {
 	TableWrites    uint64 // RDMA WRITEs posted to the table
 	Moves          uint64 // hopscotch displacements
 	DroppedReplies uint64 // replies not sent (send queue full, connection gone)
+	LoopRepairs    uint64 // times the loopback QP pair failed and was re-created
 	Accepted       uint64 // connections accepted
 	Rejected       uint64 // connection requests refused
 	Reaped         uint64 // connections reclaimed (idle, in error, or bye)
@@ -159,8 +161,11 @@ type Server struct {
 	recvMR   verbs.MR
 	loopReq  verbs.QP // posts the table WRITEs ...
 	loopResp verbs.QP // ... which this QP, on the same device, executes
-	dct      verbs.QP
-	dctSRQ   verbs.SRQ
+	// retired holds the QPNs of loopback QPs destroyed by a repair, whose
+	// late completions are ignored. Owned by the loop.
+	retired map[uint32]bool
+	dct     verbs.QP
+	dctSRQ  verbs.SRQ
 
 	// connMu guards conns and closed. accept takes it on the device's
 	// receive path; the loop takes it to find and reap connections.
@@ -175,11 +180,14 @@ type Server struct {
 
 	// Loop state, owned by the loop goroutine.
 	backlog  []writeBatch
-	inflight map[uint64][]outReply // by the signaled WR's ID
-	nextWR   uint64
-	reposts  []verbs.RecvWR
-	replies  []outReply
-	arena    []byte
+	inflight map[uint64]writeBatch // posted groups, by the signaled WR's ID
+	// loopBroken is set when the loopback QP pair failed; repairLoopLocked
+	// re-creates it before the next flush.
+	loopBroken bool
+	nextWR     uint64
+	reposts    []verbs.RecvWR
+	replies    []outReply
+	arena      []byte
 
 	sweeper *ticker
 	done    chan struct{}
@@ -189,7 +197,7 @@ type Server struct {
 	st struct {
 		registered, renewed, deregistered, expired atomic.Uint64
 		refused, full, lookups, malformed          atomic.Uint64
-		tableWrites, droppedReplies                atomic.Uint64
+		tableWrites, droppedReplies, loopRepairs   atomic.Uint64
 		accepted, rejected, reaped                 atomic.Uint64
 	}
 }
@@ -208,10 +216,11 @@ type outReply struct {
 	m   message
 }
 
-// writeBatch is table WRITEs to post together and the replies that may
-// leave once they are done.
+// writeBatch is table WRITEs to post together, the slots they write (in
+// order, for a repair) and the replies that may leave once they are done.
 type writeBatch struct {
 	wrs     []verbs.SendWR
+	slots   []int
 	replies []outReply
 }
 
@@ -232,7 +241,8 @@ func NewServer(dev verbs.Device, cfg ServerConfig) (*Server, error) {
 		clock:    cfg.Clock,
 		geom:     g,
 		conns:    make(map[uint32]*srvConn),
-		inflight: make(map[uint64][]outReply),
+		inflight: make(map[uint64]writeBatch),
+		retired:  make(map[uint32]bool),
 		done:     make(chan struct{}),
 	}
 	if err := s.setup(); err != nil {
@@ -434,6 +444,7 @@ func (s *Server) Stats() ServerStats {
 		TableWrites:    s.st.tableWrites.Load(),
 		Moves:          moves,
 		DroppedReplies: s.st.droppedReplies.Load(),
+		LoopRepairs:    s.st.loopRepairs.Load(),
 		Accepted:       s.st.accepted.Load(),
 		Rejected:       s.st.rejected.Load(),
 		Reaped:         s.st.reaped.Load(),
@@ -519,15 +530,18 @@ func (s *Server) handleWCs(wcs []verbs.WC) {
 		switch {
 		case wc.Op == verbs.OpRecv:
 			s.onMessage(wc, now, &wb)
-		case wc.QPN == s.loopReq.QPN():
+		case s.isLoop(wc.QPN):
 			s.onTableWritten(wc)
+		case s.retired[wc.QPN]:
+			// A late completion of a loopback QP a repair replaced.
 		case wc.Status != verbs.StatusSuccess:
 			// A reply failed: the client is gone.
 			s.reap(wc.QPN)
 		}
 	}
-	s.regMu.Unlock()
 	s.queueWrites(&wb)
+	s.repairLoopLocked()
+	s.regMu.Unlock()
 	s.flush()
 }
 
@@ -626,6 +640,7 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 func (s *Server) addWrites(wb *writeBatch, ws []slotWrite, rep *outReply) {
 	for _, w := range ws {
 		base := slotOffset(w.slot)
+		wb.slots = append(wb.slots, w.slot)
 		if w.expiryOnly {
 			p := s.inline(4)
 			binary.LittleEndian.PutUint32(p, w.e.expiry)
@@ -680,7 +695,7 @@ func (s *Server) queueWrites(wb *writeBatch) {
 // doorbell each with its last WRITE signaled, then sends the replies that
 // may leave, and reposts receive buffers.
 func (s *Server) flush() {
-	for len(s.backlog) > 0 {
+	for len(s.backlog) > 0 && !s.loopBroken && s.loopReq != nil {
 		g := &s.backlog[0]
 		if s.loopReq.SendQueueFree() < len(g.wrs) {
 			break // the completions of earlier groups make room
@@ -689,14 +704,15 @@ func (s *Server) flush() {
 		last := &g.wrs[len(g.wrs)-1]
 		last.ID, last.Flags = s.nextWR, last.Flags|verbs.Signaled
 		if err := s.loopReq.PostSend(g.wrs); err != nil {
-			// The loopback QP failed: the table can no longer change.
-			// Requests waiting for it time out at their clients.
-			s.st.droppedReplies.Add(uint64(len(g.replies)))
-			s.backlog = s.backlog[:0]
+			// The loopback QP failed. The group stays in the backlog
+			// (if a prefix of it was posted, the repair rewrites its
+			// slots anyway) and the pair is re-created at the next
+			// batch or sweep.
+			s.loopBroken = true
 			break
 		}
 		s.st.tableWrites.Add(uint64(len(g.wrs)))
-		s.inflight[s.nextWR] = g.replies
+		s.inflight[s.nextWR] = *g
 		s.backlog[0] = writeBatch{}
 		s.backlog = s.backlog[1:]
 	}
@@ -714,18 +730,99 @@ func (s *Server) flush() {
 	}
 }
 
-// onTableWritten releases the replies of a completed write group.
+// onTableWritten releases the replies of a completed write group. A
+// failed completion of either loopback QP means the pair is in error: the
+// group stays in flight until repairLoopLocked rewrites its slots.
 func (s *Server) onTableWritten(wc *verbs.WC) {
-	reps, ok := s.inflight[wc.ID]
+	if wc.Status != verbs.StatusSuccess {
+		s.loopBroken = true
+		return
+	}
+	g, ok := s.inflight[wc.ID]
 	if !ok {
 		return
 	}
 	delete(s.inflight, wc.ID)
-	if wc.Status != verbs.StatusSuccess {
-		s.st.droppedReplies.Add(uint64(len(reps)))
+	s.replies = append(s.replies, g.replies...)
+}
+
+// repairLoopLocked heals the table writer after its loopback QP pair
+// failed (a burst of loss on the host's own address exhausts the RC
+// retries as on any path): it destroys the pair, creates and connects a
+// new one, and replaces every write group in flight or in the backlog by
+// a whole-slot rewrite, from the registry, of each slot they write. A
+// group in flight may have executed any prefix of its WRITEs, so its
+// slots may hold a write in progress (odd head) that readers refuse; the
+// rewrite gives each slot its current entry under a newer version, in the
+// order the groups wrote them. The groups' replies leave once the rewrite
+// is done, so no request is lost. If the pair cannot be created now, the
+// next batch or sweep tries again.
+//
+// It runs on the loop with regMu held.
+func (s *Server) repairLoopLocked() {
+	if !s.loopBroken && s.loopReq != nil && s.loopReq.State() != verbs.StateErr {
 		return
 	}
-	s.replies = append(s.replies, reps...)
+	s.destroyLoop()
+	if err := s.setupLoop(); err != nil {
+		s.destroyLoop()
+		s.loopBroken = true
+		return
+	}
+	s.loopBroken = false
+	s.st.loopRepairs.Add(1)
+	// The groups in flight in the order they were posted (IDs grow),
+	// then the backlog.
+	ids := make([]uint64, 0, len(s.inflight))
+	for id := range s.inflight {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	groups := make([]writeBatch, 0, len(ids)+len(s.backlog))
+	for _, id := range ids {
+		groups = append(groups, s.inflight[id])
+		delete(s.inflight, id)
+	}
+	groups = append(groups, s.backlog...)
+	s.backlog = nil
+	var replies []outReply
+	seen := make(map[int]bool)
+	var wb writeBatch
+	for _, g := range groups {
+		replies = append(replies, g.replies...)
+		for _, i := range g.slots {
+			if seen[i] {
+				continue // each slot once, where it was first written
+			}
+			seen[i] = true
+			w := slotWrite{slot: i} // free unless a gid lives there
+			if gid := s.reg.idx.gids[i]; gid != 0 {
+				if l := s.reg.nodes[gid]; l != nil {
+					w.e = s.reg.entryOf(l)
+				}
+			}
+			s.addWrites(&wb, []slotWrite{w}, nil) // queues full groups
+		}
+	}
+	wb.replies = replies
+	s.queueWrites(&wb)
+}
+
+// isLoop reports whether qpn is one of the current loopback QPs.
+func (s *Server) isLoop(qpn uint32) bool {
+	return s.loopReq != nil && (qpn == s.loopReq.QPN() || qpn == s.loopResp.QPN())
+}
+
+// destroyLoop destroys the loopback QP pair; its late completions are
+// ignored.
+func (s *Server) destroyLoop() {
+	for _, q := range []verbs.QP{s.loopReq, s.loopResp} {
+		if q != nil {
+			s.retired[q.QPN()] = true
+			q.Destroy()
+		}
+	}
+	s.loopReq, s.loopResp = nil, nil
 }
 
 // sendReplies posts the queued replies, one doorbell per connection run.
@@ -775,6 +872,9 @@ func (s *Server) sweep() {
 	s.regMu.Unlock()
 	s.st.expired.Add(uint64(len(gone)))
 	s.queueWrites(&wb)
+	s.regMu.Lock()
+	s.repairLoopLocked() // if the pair is broken and an earlier try failed
+	s.regMu.Unlock()
 	var dead []uint32
 	s.connMu.Lock()
 	for n, c := range s.conns {

@@ -113,6 +113,10 @@ func (b *nodeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs
 	}
 	r, err := b.store.Map(name, size, os.FileMode(mode&0o777), int(uid), int(gid))
 	if err != nil {
+		if old := b.store.Get(name); old != nil && len(old.Mem) > 0 {
+			// A refused growth keeps the old region: export it again.
+			_, _ = b.export(old, mode, uid, gid)
+		}
 		return fs.Region{}, err
 	}
 	return b.export(r, mode, uid, gid)
@@ -260,7 +264,9 @@ func (l *localRegion) ReadAt(p []byte, off int64) (int, error) {
 		return 0, syscall.EINVAL
 	}
 	l.b.dev.SyncMemory()
-	return copy(p, m[off:]), nil
+	var n int
+	err = shm.Guard(func() { n = copy(p, m[off:]) })
+	return n, err
 }
 
 func (l *localRegion) WriteAt(p []byte, off int64) (int, error) {
@@ -271,7 +277,10 @@ func (l *localRegion) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > int64(len(m)) {
 		return 0, syscall.EFBIG
 	}
-	n := copy(m[off:], p)
+	var n int
+	if err := shm.Guard(func() { n = copy(m[off:], p) }); err != nil {
+		return 0, err
+	}
 	l.b.dev.SyncMemory()
 	return n, nil
 }
@@ -294,7 +303,9 @@ func (l *localRegion) FetchAdd(off int64, delta uint64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return atomic.AddUint64(w, delta) - delta, nil
+	var v uint64
+	err = shm.Guard(func() { v = atomic.AddUint64(w, delta) - delta })
+	return v, err
 }
 
 func (l *localRegion) CompareAndSwap(off int64, cmp, swap uint64) (uint64, error) {
@@ -302,12 +313,16 @@ func (l *localRegion) CompareAndSwap(off int64, cmp, swap uint64) (uint64, error
 	if err != nil {
 		return 0, err
 	}
-	for {
-		old := atomic.LoadUint64(w)
-		if old != cmp || atomic.CompareAndSwapUint64(w, old, swap) {
-			return old, nil
+	var old uint64
+	err = shm.Guard(func() {
+		for {
+			old = atomic.LoadUint64(w)
+			if old != cmp || atomic.CompareAndSwapUint64(w, old, swap) {
+				return
+			}
 		}
-	}
+	})
+	return old, err
 }
 
 func (l *localRegion) Chmod(mode uint32) error {

@@ -111,6 +111,9 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	if mem < 8 || mem > shm.MaxSize {
 		return fmt.Errorf("%w: --mem-size %s: want 8 bytes to 1T", errUsage, f.memSize)
 	}
+	if err := shm.CheckFits(storeDir(f.shmDir, uint32(f.gid)), mem); err != nil {
+		return fmt.Errorf("--mem-size %s: %w", f.memSize, err)
+	}
 	if f.gid > 1<<24 {
 		return fmt.Errorf("%w: --gid %d: want 1..%d", errUsage, f.gid, 1<<24)
 	}
@@ -159,7 +162,7 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	}
 
 	srv, err := fs.Mount(mnt, backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
-		Timeout: f.timeout + time.Second, Debug: f.debugFUSE})
+		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
@@ -244,10 +247,7 @@ func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers
 	}
 	gid := b.agent.Info().GID
 	b.node.SetGID(gid)
-	dir := f.shmDir
-	if dir == "" {
-		dir = shm.DefaultDir(gid)
-	}
+	dir := storeDir(f.shmDir, gid)
 	if b.store, err = shm.Open(dir); err != nil {
 		return fail(err)
 	}
@@ -269,7 +269,7 @@ func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers
 		log.Infof("region %s (%d bytes) recovered from %s", n, len(r.Mem), dir)
 	}
 	if b.store.Get("mem") == nil {
-		if _, err := b.Export("mem", mem, 0o666, 0, 0); err != nil {
+		if _, err := b.Export("mem", mem, shm.DefaultMode, uint32(os.Getuid()), uint32(os.Getgid())); err != nil {
 			return fail(fmt.Errorf("default region: %w", err))
 		}
 	}
@@ -296,6 +296,15 @@ func (d *daemon) close(log *logrus.Logger) {
 		b.store.Close()
 	}
 	d.dev.Close()
+}
+
+// storeDir is the region store's directory: --shm-dir, or the default for
+// gid.
+func storeDir(shmDir string, gid uint32) string {
+	if shmDir != "" {
+		return shmDir
+	}
+	return shm.DefaultDir(gid)
 }
 
 // notifyReady tells systemd (Type=notify) that the mount is up.

@@ -50,7 +50,7 @@ func TestRes(t *testing.T) {
 		t.Errorf("res qp:\n%s", qp)
 	}
 	mr := res("mr")
-	if !regexp.MustCompile(`(?m)^link softnic/1 rkey 0x[0-9a-f]+ mrlen 1048576 access \S+ name mem mode 0666 uid 0 gid 0$`).MatchString(mr) {
+	if !regexp.MustCompile(`(?m)^link softnic/1 rkey 0x[0-9a-f]+ mrlen 1048576 access \S+ name mem mode 0644 uid 0 gid 0$`).MatchString(mr) {
 		t.Errorf("res mr:\n%s", mr)
 	}
 	peer := res("peer")

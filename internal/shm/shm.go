@@ -6,6 +6,19 @@
 // A store is a directory (by default under /dev/shm); each region is one
 // file in it, mapped MAP_SHARED. A region's owner and mode are the file's
 // own, so they persist with it.
+//
+// # Memory that cannot fault
+//
+// A mapped page of a shared-memory file that the filesystem cannot back
+// (a full tmpfs, a sparse file) raises SIGBUS when it is first touched,
+// and a Go program dies of it. So Map reserves every byte of a region
+// with fallocate before mapping it (when it is created, grown, or found
+// from an earlier run): a region the filesystem cannot hold is refused
+// with ENOSPC and a message that says how much is free, and nothing is
+// left half-grown. CheckFits lets a daemon refuse, before it starts, a
+// default region larger than the filesystem of its store. Guard is the
+// last line of defence: it turns a fault that happens anyway (a region
+// file truncated behind the store's back) into an error.
 package shm
 
 import (
@@ -13,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +37,13 @@ import (
 
 // MaxSize bounds one region.
 const MaxSize = 1 << 40
+
+// DefaultMode is the mode of a node's default region "mem" when the daemon
+// creates it (owned by the user who mounts): everyone with access to the
+// mount may read it (as every member of the cluster can), only its owner
+// may write it or act on it with atomics. A region kept from an earlier
+// run keeps its own mode; chmod regions/mem changes it.
+const DefaultMode = 0o644
 
 // Store is a directory of region files.
 type Store struct {
@@ -96,7 +117,10 @@ func (s *Store) Get(name string) *Region {
 // Map maps the region name, creating its file with mode, owner and size
 // if it does not exist; an existing file keeps its contents, owner and
 // mode, and its size when size < 0. A mapped region of another size is
-// remapped (the old Mem becomes invalid).
+// remapped (the old Mem becomes invalid). Every byte is reserved first
+// (see the package doc): a region that does not fit is refused with an
+// error wrapping ENOSPC, and a region that was to grow keeps its old size
+// and mapping.
 func (s *Store) Map(name string, size int64, mode os.FileMode, uid, gid int) (*Region, error) {
 	if !ValidName(name) {
 		return nil, fmt.Errorf("shm: %q: %w", name, syscall.EINVAL)
@@ -131,14 +155,27 @@ func (s *Store) Map(name string, size int64, mode os.FileMode, uid, gid int) (*R
 		s.regions[name] = r
 		return r, nil
 	}
-	if r.Mem != nil {
+	if r.Mem != nil && size < int64(len(r.Mem)) {
+		// Shrink: unmap first, so that no access lands past the new end.
 		_ = unix.Munmap(r.Mem)
 		r.Mem = nil
 	}
-	if st.Size() != size {
-		if err := r.file.Truncate(size); err != nil {
-			return nil, fmt.Errorf("shm: resize %s: %w", name, err)
+	// Grow (or map): reserve first, so that a region that does not fit
+	// keeps its old mapping and contents.
+	if err := s.reserveLocked(r.file, name, st, size); err != nil {
+		if s.regions[name] == nil {
+			r.file.Close()
+			if st.Size() == 0 {
+				// A region this call created and could not hold: leave
+				// no empty file behind for a restarted daemon to find.
+				os.Remove(s.Path(name))
+			}
 		}
+		return nil, err
+	}
+	if r.Mem != nil {
+		_ = unix.Munmap(r.Mem)
+		r.Mem = nil
 	}
 	if size > 0 {
 		m, err := unix.Mmap(int(r.file.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
@@ -149,6 +186,121 @@ func (s *Store) Map(name string, size int64, mode os.FileMode, uid, gid int) (*R
 	}
 	s.regions[name] = r
 	return r, nil
+}
+
+// reserveLocked sets the file's size to size and makes the filesystem
+// allocate every byte of it, so that no page of the mapping can fault. A
+// region that does not fit keeps its old size and contents and the error
+// wraps ENOSPC.
+func (s *Store) reserveLocked(f *os.File, name string, st os.FileInfo, size int64) error {
+	old := st.Size()
+	if size < old {
+		if err := f.Truncate(size); err != nil {
+			return fmt.Errorf("shm: resize %s: %w", name, err)
+		}
+	}
+	if size == 0 {
+		return nil
+	}
+	allocated := int64(0)
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		allocated = sys.Blocks * 512
+	}
+	if free, err := freeBytes(s.dir); err == nil && size-allocated > free {
+		return fmt.Errorf("shm: region %s: %d bytes do not fit in %s (%d bytes free, %d held by the region): %w",
+			name, size, s.dir, free, allocated, syscall.ENOSPC)
+	}
+	err := fallocate(f, size)
+	if err == nil {
+		return nil
+	}
+	if size > old {
+		_ = f.Truncate(old) // give back what was reserved in vain
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		free, _ := freeBytes(s.dir)
+		return fmt.Errorf("shm: region %s: %d bytes do not fit in %s (%d bytes free): %w", name, size, s.dir, free, err)
+	}
+	if errors.Is(err, syscall.EOPNOTSUPP) {
+		return fmt.Errorf("shm: region %s: the filesystem of %s cannot reserve memory (fallocate unsupported); use a tmpfs such as /dev/shm: %w", name, s.dir, err)
+	}
+	return fmt.Errorf("shm: reserving region %s: %w", name, err)
+}
+
+// fallocate allocates the first size bytes of f, extending it to size.
+func fallocate(f *os.File, size int64) error {
+	for {
+		err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
+}
+
+// freeBytes is the space unprivileged writers may still allocate in the
+// filesystem of dir.
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// CheckFits reports, before a daemon starts, whether a default region of
+// size bytes can live in the store directory dir (which need not exist
+// yet: its nearest existing parent decides): it must fit the filesystem's
+// total size, and, unless dir already holds a region "mem" from an
+// earlier run (which is kept), its free space. The error wraps ENOSPC and
+// says what is available.
+func CheckFits(dir string, size int64) error {
+	at := dir
+	for {
+		if _, err := os.Stat(at); err == nil {
+			break
+		}
+		parent := filepath.Dir(at)
+		if parent == at {
+			return fmt.Errorf("shm: %s: no existing parent directory", dir)
+		}
+		at = parent
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(at, &st); err != nil {
+		return fmt.Errorf("shm: %s: %w", at, err)
+	}
+	total, free := int64(st.Blocks)*st.Bsize, int64(st.Bavail)*st.Bsize
+	if size > total {
+		return fmt.Errorf("shm: %d bytes do not fit in the filesystem of %s (%d bytes in all): %w", size, at, total, syscall.ENOSPC)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "mem")); err == nil {
+		return nil // the region of an earlier run is kept and holds its own space
+	}
+	if size > free {
+		return fmt.Errorf("shm: %d bytes do not fit in the filesystem of %s (%d bytes free of %d): %w", size, at, free, total, syscall.ENOSPC)
+	}
+	return nil
+}
+
+// Guard runs f, which touches region memory, and turns a memory fault in
+// it into an error wrapping EFAULT instead of a crash. Map's reservation
+// leaves nothing to fault, unless a region file is truncated behind the
+// store's back (its directory is root's alone); Guard keeps the daemon
+// alive even then, failing only the operation. f must not hold locks a
+// fault would leave held.
+func Guard(f func()) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if fault, ok := r.(interface{ Addr() uintptr }); ok {
+				err = fmt.Errorf("shm: memory fault at %#x (a region file shrank under its mapping): %w", fault.Addr(), syscall.EFAULT)
+				return
+			}
+			panic(r)
+		}
+	}()
+	f()
+	return nil
 }
 
 // Stat returns the region file's mode, owner and size.
