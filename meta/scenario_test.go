@@ -363,13 +363,14 @@ func TestUpdatesRacingReadsLossy(t *testing.T) {
 // found.
 func TestTenThousandNodes(t *testing.T) {
 	checkLeaks(t)
-	f := fakeFabric(t)
+	// Everything runs on one manual clock that never moves: leases never
+	// run out, and neither do RPC timeouts nor the devices' ACK timeouts,
+	// however long a busy machine keeps the server from answering.
+	clk := softnictest.NewManualClock(time.Time{})
+	f := newFabric(t, "fake", softnictest.Config{Seed: 1, Clock: clk, AutoFlush: true})
 	ctx := ctxT(t)
-	clk := softnictest.NewManualClock(time.Time{}) // leases never run out
 	srv := startServer(t, f.device(), ServerConfig{Clock: clk})
 	const nodes = 10000
-	// The clients run on the manual clock too: their RPC timeouts never
-	// expire, however long a busy machine keeps the server from answering.
 	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1, Clock: clk}
 	inc := func(g uint32) uint64 { return uint64(g)*1000 + 1 }
 	var wg sync.WaitGroup
