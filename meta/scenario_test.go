@@ -167,7 +167,10 @@ func testReplicaKilled(t *testing.T, kind string) {
 	s1 := startServer(t, d1, ServerConfig{Slots: 64})
 	s2 := startServer(t, d2, ServerConfig{Slots: 64})
 	both := []netip.AddrPort{s1.Addr(), s2.Addr()}
-	ccfg := ClientConfig{Servers: both, QPTimeout: 2 * time.Millisecond, QPRetryCnt: 3, RPCTimeout: 200 * time.Millisecond}
+	// Real time (the fake network runs on it too): the timeouts only bound
+	// how long the dead replica takes to be given up on, so they leave a
+	// busy machine room to answer from the live one (8 x 25 ms per QP).
+	ccfg := ClientConfig{Servers: both, QPTimeout: 25 * time.Millisecond, QPRetryCnt: 7, RPCTimeout: 2 * time.Second}
 	var agents []*Agent
 	for gid := uint32(1); gid <= 3; gid++ {
 		a, err := startClient(t, f.device(), ccfg).Register(ctx, testNode(gid, 0), AgentConfig{})
