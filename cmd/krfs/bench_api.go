@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 )
 
@@ -17,11 +20,11 @@ import (
 // would: its own device, meta client and qpcore node, a VQP to the peer.
 type apiTarget struct {
 	o      *benchOpts
-	dev    *softnic.Device
-	cl     *meta.Client // the node's resolver (cached)
+	n      *node.Node   // the bench's node (owns the device)
+	dev    verbs.Device // n's
+	cl     *meta.Client // n's resolver (cached)
 	raw    *meta.Client // meta_lookup: no cache
-	node   *qpcore.Node
-	agent  *meta.Agent
+	node   *qpcore.Node // n's
 	v      *qpcore.VQP
 	gid    uint32
 	region string
@@ -31,28 +34,13 @@ type apiTarget struct {
 	cs     []qpcore.Completion
 }
 
-func parseServers(s string) ([]netip.AddrPort, error) {
-	var out []netip.AddrPort
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		ap, err := netip.ParseAddrPort(f)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, s)
-		}
-		out = append(out, ap)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, s)
-	}
-	return out, nil
-}
-
 func openAPITarget(o *benchOpts) (_ *apiTarget, err error) {
-	servers, err := parseServers(o.meta)
+	servers, err := node.ParseMeta(o.meta)
+	if err == nil && len(servers) == 0 {
+		err = fmt.Errorf("--meta %q: want HOST:PORT[,HOST:PORT...]", o.meta)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if _, err := netip.ParseAddrPort(o.listen); err != nil {
 		return nil, fmt.Errorf("%w: --listen %q: want IP:PORT", errUsage, o.listen)
@@ -63,27 +51,27 @@ func openAPITarget(o *benchOpts) (_ *apiTarget, err error) {
 			t.close()
 		}
 	}()
-	if t.dev, err = softnic.OpenUDP(o.listen); err != nil {
+	dev, err := softnic.OpenUDP(o.listen)
+	if err != nil {
 		return nil, fmt.Errorf("opening the NIC on %s: %w", o.listen, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
-	if t.cl, err = meta.NewClient(ctx, t.dev, meta.ClientConfig{Servers: servers}); err != nil {
-		return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
+	t.n, err = node.Start(ctx, node.Config{
+		Device:       dev,
+		Meta:         servers,
+		QPCore:       qpcore.Config{VQPDepth: max(o.outstanding, qpcore.DefaultVQPDepth), DisableRC: o.transport == "dc"},
+		NoRegister:   !o.register,
+		StartTimeout: o.timeout,
+	}, logrus.New())
+	if err != nil {
+		return nil, err
 	}
+	t.dev, t.cl, t.node = t.n.Device(), t.n.Meta(), t.n.Core()
 	if o.test == "meta_lookup" {
 		if t.raw, err = meta.NewClient(ctx, t.dev, meta.ClientConfig{Servers: servers, CacheEntries: -1}); err != nil {
 			return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
 		}
-	}
-	if t.node, err = qpcore.NewNode(t.dev, t.cl, qpcore.Config{VQPDepth: max(o.outstanding, qpcore.DefaultVQPDepth), DisableRC: o.transport == "dc"}); err != nil {
-		return nil, err
-	}
-	if o.register {
-		if t.agent, err = t.cl.Register(ctx, t.node.Info(), meta.AgentConfig{}); err != nil {
-			return nil, fmt.Errorf("registering with the meta service: %w", err)
-		}
-		t.node.SetGID(t.agent.Info().GID)
 	}
 	if t.v, err = t.node.Connect(ctx, t.gid); err != nil {
 		return nil, fmt.Errorf("connect to gid %d: %w", t.gid, err)
@@ -328,20 +316,11 @@ func (t *apiTarget) close() error {
 	if t.v != nil {
 		t.v.Close()
 	}
-	if t.agent != nil {
-		t.agent.Close()
-	}
-	if t.node != nil {
-		t.node.Close()
-	}
 	if t.raw != nil {
 		t.raw.Close()
 	}
-	if t.cl != nil {
-		t.cl.Close()
-	}
-	if t.dev != nil {
-		t.dev.Close()
+	if t.n != nil {
+		t.n.Close()
 	}
 	return nil
 }
