@@ -20,12 +20,15 @@ import (
 
 // testNode starts an in-process node with an embedded meta service on
 // loopback, its regions in a temporary directory.
-func testNode(t *testing.T) *node.Node {
+func testNode(t *testing.T) *node.Node { return testNodeSized(t, 1<<20) }
+
+// testNodeSized is testNode with a "mem" of mem bytes.
+func testNodeSized(t *testing.T, mem int64) *node.Node {
 	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Second}
-	n, err := startNode(log, f, netip.MustParseAddrPort("127.0.0.1:0"), nil, 1<<20)
+	n, err := startNode(log, f, netip.MustParseAddrPort("127.0.0.1:0"), nil, mem)
 	if err != nil {
 		t.Fatalf("starting a node: %v", err)
 	}

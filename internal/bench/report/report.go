@@ -1,4 +1,10 @@
-package main
+// Package report is `krfs bench report DIR`: it reads what scripts/bench.sh
+// left in DIR/raw — `go test -bench` outputs (*.txt) and `krfs bench
+// --json` outputs (*.json) — and writes DIR/results.json, DIR/results.md
+// (also printed) and SVG plots. Every row sets a krfs figure beside a
+// baseline measured in the same run; targets are the ones stated in the
+// issues.
+package report
 
 import (
 	"bufio"
@@ -14,14 +20,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/krfs/krfs/internal/bench"
 	"github.com/krfs/krfs/internal/plot"
 )
-
-// `krfs bench report DIR` reads what scripts/bench.sh left in DIR/raw —
-// `go test -bench` outputs (*.txt) and `krfs bench --json` outputs
-// (*.json) — and writes DIR/results.json, DIR/results.md (also printed)
-// and SVG plots. Every row sets a krfs figure beside a baseline measured
-// in the same run; targets are the ones stated in the issues.
 
 // goBench is the metrics of one benchmark line, by unit.
 type goBench map[string]float64
@@ -85,13 +86,13 @@ type resultRow struct {
 }
 
 type suiteResults struct {
-	Date      string                  `json:"date"`
-	Machine   map[string]string       `json:"machine"`
-	Rows      []resultRow             `json:"rows"`
-	Missing   []string                `json:"missing,omitempty"`
-	GoBench   map[string]goBench      `json:"go_bench"`
-	KrfsBench map[string]*benchReport `json:"krfs_bench"`
-	Plots     []string                `json:"plots,omitempty"`
+	Date      string                   `json:"date"`
+	Machine   map[string]string        `json:"machine"`
+	Rows      []resultRow              `json:"rows"`
+	Missing   []string                 `json:"missing,omitempty"`
+	GoBench   map[string]goBench       `json:"go_bench"`
+	KrfsBench map[string]*bench.Report `json:"krfs_bench"`
+	Plots     []string                 `json:"plots,omitempty"`
 }
 
 type suite struct {
@@ -134,30 +135,32 @@ func (s *suite) metric(b, unit string) (float64, bool) {
 	return v, ok
 }
 
-func (s *suite) krfs(name string) *benchReport { return s.res.KrfsBench[name] }
+func (s *suite) krfs(name string) *bench.Report { return s.res.KrfsBench[name] }
 
-func latP50(r *benchReport, table int) float64 {
+func latP50(r *bench.Report, table int) float64 {
 	if r == nil || len(r.Tables) <= table || len(r.Tables[table].Rows) == 0 {
 		return 0
 	}
 	return r.Tables[table].Rows[0].TypicalUs
 }
 
-func firstBase(r *benchReport) (baseRow, bool) {
+func firstBase(r *bench.Report) (bench.BaseRow, bool) {
 	if r == nil || len(r.Baselines) == 0 {
-		return baseRow{}, false
+		return bench.BaseRow{}, false
 	}
 	return r.Baselines[0], true
 }
 
-func benchReportDir(dir string, stdout io.Writer) error {
+// Dir writes the suite's results for the runs in dir/raw into dir (see
+// the package doc) and prints the markdown to stdout.
+func Dir(dir string, stdout io.Writer) error {
 	raw := filepath.Join(dir, "raw")
 	ents, err := os.ReadDir(raw)
 	if err != nil {
 		return err
 	}
 	res := &suiteResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machineInfo(),
-		GoBench: map[string]goBench{}, KrfsBench: map[string]*benchReport{}}
+		GoBench: map[string]goBench{}, KrfsBench: map[string]*bench.Report{}}
 	for _, e := range ents {
 		p := filepath.Join(raw, e.Name())
 		switch filepath.Ext(e.Name()) {
@@ -175,7 +178,7 @@ func benchReportDir(dir string, stdout io.Writer) error {
 			if err != nil {
 				return err
 			}
-			var r benchReport
+			var r bench.Report
 			if err := json.Unmarshal(b, &r); err != nil {
 				return fmt.Errorf("%s: %w", p, err)
 			}
