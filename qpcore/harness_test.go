@@ -2,7 +2,6 @@ package qpcore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"runtime"
@@ -265,8 +264,6 @@ func noQPErrors(t testing.TB, ns ...*qpcore.Node) {
 		}
 	}
 }
-
-func isErr(err, target error) bool { return errors.Is(err, target) }
 
 // drive runs f in its own goroutine and, on a fake cluster, advances the
 // clock in steps of step until f returns, failing once more than max of

@@ -62,7 +62,7 @@ type Link interface {
 	// Start begins delivering received packets to r from the link's own
 	// goroutine(s). It is called once.
 	Start(r Receiver)
-	// MaxPayload is the largest datagram the link carries.
+	// MaxDatagram is the largest datagram the link carries.
 	MaxDatagram() int
 	// Stats reports link counters.
 	Stats() Stats
