@@ -235,10 +235,10 @@ func (tn *tnode) close() {
 }
 
 // ctxT returns a context that ends after d of real time, but never less
-// than a minute: it guards against a hang, it does not judge speed (time
+// than five minutes: it guards against a hang, it does not judge speed (time
 // that matters runs on the cluster's clock).
 func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), max(d, time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), max(d, 5*time.Minute))
 	t.Cleanup(cancel)
 	return ctx
 }
