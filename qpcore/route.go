@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/krfs/krfs/verbs"
@@ -24,130 +23,13 @@ import (
 // starting goroutines, destroying QPs) is collected in effects and done by
 // apply.
 
-// effects is work deferred until no peer lock is held.
-type effects struct {
-	done    []*op
-	kick    []*peer
-	connect []*peer
-	relook  []*peer
-	rnr     []*peer
-	destroy []*rcConn
-
-	batch   []*op // scratch for kicks
-	posting []*op
-	wrs     []verbs.SendWR
-}
-
-var effectsPool = sync.Pool{New: func() any { return new(effects) }}
-
-func newEffects() *effects { return effectsPool.Get().(*effects) }
-
-// apply does e's work, then recycles e.
-func (n *Node) apply(e *effects) {
-	for {
-		switch {
-		case len(e.destroy) > 0:
-			c := e.destroy[len(e.destroy)-1]
-			e.destroy = e.destroy[:len(e.destroy)-1]
-			n.destroyRC(c)
-		case len(e.kick) > 0:
-			p := e.kick[len(e.kick)-1]
-			e.kick = e.kick[:len(e.kick)-1]
-			p.mu.Lock()
-			n.kickLocked(p, e)
-			p.mu.Unlock()
-		case len(e.done) > 0:
-			done := append([]*op(nil), e.done...)
-			clear(e.done)
-			e.done = e.done[:0]
-			for _, o := range done {
-				n.deliver(o)
-			}
-		case len(e.connect) > 0:
-			p := e.connect[len(e.connect)-1]
-			e.connect = e.connect[:len(e.connect)-1]
-			if !n.goSafe(func() { n.connectRC(p) }) {
-				p.mu.Lock()
-				if p.rcPhase == rcConnecting {
-					p.setRCLocked(rcNone)
-				}
-				p.mu.Unlock()
-			}
-		case len(e.relook) > 0:
-			p := e.relook[len(e.relook)-1]
-			e.relook = e.relook[:len(e.relook)-1]
-			n.goSafe(func() { n.relookup(p) })
-		case len(e.rnr) > 0:
-			p := e.rnr[len(e.rnr)-1]
-			e.rnr = e.rnr[:len(e.rnr)-1]
-			time.AfterFunc(rnrBackoff, func() { n.resumeRNR(p) })
-		default:
-			clear(e.batch[:cap(e.batch)])
-			clear(e.posting[:cap(e.posting)])
-			clear(e.wrs[:cap(e.wrs)])
-			e.batch, e.posting, e.wrs = e.batch[:0], e.posting[:0], e.wrs[:0]
-			effectsPool.Put(e)
-			return
-		}
-	}
-}
-
-// deliver hands a finished op to whoever waits for it.
-func (n *Node) deliver(o *op) {
-	n.mem.put(o.mem)
-	o.mem = nil
-	if o.tmp {
-		o.lmr.Dereg()
-		o.tmp = false
-	}
-	o.lmr = nil
-	if o.sink >= 0 {
-		n.sinks.put(o.sink)
-		o.sink = -1
-	}
-	switch {
-	case o.onDone != nil:
-		o.onDone(o)
-	case o.async:
-		o.v.complete(o)
-	default:
-		o.done <- struct{}{}
-	}
-}
-
-// finishLocked ends o with err (nil for success).
-func (n *Node) finishLocked(p *peer, o *op, err error, e *effects) {
-	if o.state == opDone {
-		return
-	}
-	counted := o.state == opQueued || o.state == opPosted || o.state == opStalled
-	o.setState(opDone)
-	o.err = err
-	o.dci, o.rc = nil, nil
-	if err == nil && o.code.atomic() {
-		o.old = n.sinks.value(o.sink)
-	}
-	if err != nil {
-		n.stats.opErrors.Add(1)
-	}
-	p.active--
-	n.ops.del(o)
-	if v := o.v; counted {
-		v.out[o.route]--
-		if len(v.held) > 0 && v.out[o.route] == 0 {
-			n.settleLocked(p, v)
-		}
-	}
-	e.done = append(e.done, o)
-}
-
 // usableLocked refuses new work for a closed or recently unreachable
 // peer.
 func (n *Node) usableLocked(p *peer) error {
 	if p.closed {
 		return ErrClosed
 	}
-	if !p.downUntil.IsZero() && time.Now().Before(p.downUntil) {
+	if !p.downUntil.IsZero() && n.clock.Now().Before(p.downUntil) {
 		return fmt.Errorf("%w: gid %d did not answer within %v", ErrPeerUnreachable, p.gid, n.cfg.PeerTimeout)
 	}
 	return nil
@@ -169,7 +51,7 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 	o.done = make(chan struct{}, 1)
 	e := newEffects()
 	n.enqueueLocked(p, v, o)
-	n.noteTrafficLocked(p, v, time.Now(), 1, e)
+	n.noteTrafficLocked(p, v, n.clock.Now(), 1, e)
 	if n.cfg.NoCoalesce || !n.inFlightLocked(p) {
 		n.kickLocked(p, e)
 	} else {
@@ -207,7 +89,7 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 		n.enqueueLocked(p, v, o)
 		k++
 	}
-	n.noteTrafficLocked(p, v, time.Now(), k, e)
+	n.noteTrafficLocked(p, v, n.clock.Now(), k, e)
 	n.kickLocked(p, e)
 	p.mu.Unlock()
 	n.apply(e)
@@ -481,7 +363,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 		n.stats.opsDC.Add(uint64(k))
 	} else {
 		p.rc.out += k
-		p.rc.lastUsed.Store(time.Now().UnixNano())
+		p.rc.lastUsed.Store(n.clock.Now().UnixNano())
 		n.stats.opsRC.Add(uint64(k))
 	}
 }
@@ -512,284 +394,4 @@ func (n *Node) buildWRLocked(p *peer, o *op, t Transport) (verbs.SendWR, error) 
 		wr.Target = &p.target
 	}
 	return wr, nil
-}
-
-// takeDCILocked gives p a DCI: one handed over to it, or the top of the
-// free stack. Without one, p waits in the arbiter's queue.
-func (n *Node) takeDCILocked(p *peer) bool {
-	n.dcMu.Lock()
-	defer n.dcMu.Unlock()
-	if p.grant != nil {
-		p.dci, p.grant = p.grant, nil
-		p.dciPosted = 0
-		return true
-	}
-	i, ok := n.arb.Acquire(p)
-	if !ok {
-		n.stats.dciWaits.Add(1)
-		return false
-	}
-	p.dci = n.dcis[i]
-	p.dciPosted = 0
-	return true
-}
-
-// releaseDCILocked gives p's DCI up when its work on it drained and
-// either nothing is queued or p must yield to waiting peers (then p queues
-// again behind them). A DCI handed to p that it no longer needs is passed
-// on.
-func (n *Node) releaseDCILocked(p *peer, e *effects, yield bool) {
-	n.dcMu.Lock()
-	defer n.dcMu.Unlock()
-	if p.dci == nil {
-		if p.dcq.len() == 0 {
-			if p.grant != nil {
-				d := p.grant
-				p.grant = nil
-				n.handLocked(d, e)
-			}
-			n.arb.Cancel(p)
-		}
-		return
-	}
-	d := p.dci
-	if d.out > 0 || d.errored || (p.dcq.len() > 0 && !yield) {
-		return
-	}
-	p.dci = nil
-	n.handLocked(d, e)
-	if p.dcq.len() > 0 {
-		n.stats.dciYields.Add(1)
-		if i, ok := n.arb.Acquire(p); ok {
-			p.dci = n.dcis[i]
-			p.dciPosted = 0
-			e.kick = append(e.kick, p)
-		}
-	}
-}
-
-// parkDCILocked gives up the DCI of a paused peer (a re-lookup or an RNR
-// backoff can take a while) once its work on it drained, and any DCI
-// handed to it, so that other peers can use them; p asks again when the
-// pause ends.
-func (n *Node) parkDCILocked(p *peer, e *effects) {
-	n.dcMu.Lock()
-	defer n.dcMu.Unlock()
-	n.arb.Cancel(p)
-	if d := p.grant; d != nil {
-		p.grant = nil
-		n.handLocked(d, e)
-	}
-	if d := p.dci; d != nil && d.out == 0 && !d.errored {
-		p.dci = nil
-		n.handLocked(d, e)
-	}
-}
-
-// handLocked releases DCI d to the arbiter; n.dcMu held.
-func (n *Node) handLocked(d *dciSlot, e *effects) {
-	if next, ok := n.arb.Release(d.idx); ok {
-		next.grant = d
-		e.kick = append(e.kick, next)
-	}
-}
-
-// checkRange checks an access of length bytes at off against a region.
-func checkRange(r *Region, code OpCode, off uint64, length int) error {
-	if off > r.Len || uint64(length) > r.Len-off {
-		return fmt.Errorf("%w: [%d, +%d) of %q (%d bytes)", ErrRemoteBounds, off, length, r.Name, r.Len)
-	}
-	var need verbs.Access
-	switch code {
-	case OpRead:
-		need = verbs.AccessRemoteRead
-	case OpWrite:
-		need = verbs.AccessRemoteWrite
-	case OpCompareAndSwap, OpFetchAdd:
-		need = verbs.AccessRemoteAtomic
-	}
-	if r.Access&need != need {
-		return fmt.Errorf("%w: %v on %q (%v)", ErrRemoteAccess, code, r.Name, r.Access)
-	}
-	return nil
-}
-
-// maxOpLen bounds one READ or WRITE.
-const maxOpLen = 1 << 30
-
-// opAllowed says which caller operations each transport carries.
-var opAllowed = [2][opSend + 1]bool{
-	DC: {OpRead: true, OpWrite: true, OpCompareAndSwap: true, OpFetchAdd: true},
-	RC: {OpRead: true, OpWrite: true, OpCompareAndSwap: true, OpFetchAdd: true},
-}
-
-// precheckLocked validates wr before it may reach a shared QP: local
-// buffer, opcode, alignment, and the remote range against the peer's
-// region directory (size and access flags).
-func (n *Node) precheckLocked(ctx context.Context, p *peer, v *VQP, wr *WR) error {
-	length := len(wr.Local)
-	switch wr.Op {
-	case OpRead, OpWrite:
-		if length == 0 || length > maxOpLen {
-			return fmt.Errorf("%w: %d bytes (1..%d)", ErrLocalLength, length, maxOpLen)
-		}
-	case OpCompareAndSwap, OpFetchAdd:
-		length = verbs.AtomicSize
-		if wr.Offset%verbs.AtomicSize != 0 {
-			return fmt.Errorf("%w: offset %d", ErrAlign, wr.Offset)
-		}
-	default:
-		return fmt.Errorf("%w: %v", ErrOpcode, wr.Op)
-	}
-	if !opAllowed[n.wantLocked(p, v)][wr.Op] {
-		return fmt.Errorf("%w: %v", ErrOpcode, wr.Op)
-	}
-	r, err := n.regionLocked(ctx, p, wr.Region)
-	if err != nil {
-		return err
-	}
-	return checkRange(&r, wr.Op, wr.Offset, length)
-}
-
-// dirRefreshMin is how old a directory must be before an unknown region
-// name makes qpcore read it again.
-const dirRefreshMin = 5 * time.Millisecond
-
-// regionLocked finds a region of p by name. It may release and retake
-// p.mu.
-func (n *Node) regionLocked(ctx context.Context, p *peer, name string) (Region, error) {
-	if err := n.ensureDirLocked(ctx, p); err != nil {
-		return Region{}, err
-	}
-	r, ok := p.dir[name]
-	if !ok && time.Since(p.dirAt) > dirRefreshMin {
-		p.dirValid = false
-		if err := n.ensureDirLocked(ctx, p); err != nil {
-			return Region{}, err
-		}
-		r, ok = p.dir[name]
-	}
-	if !ok {
-		return Region{}, fmt.Errorf("%w: %q on gid %d", ErrNoRegion, name, p.gid)
-	}
-	return r, nil
-}
-
-// ensureDirLocked makes sure p's directory is cached, reading it if
-// needed. It releases p.mu while waiting and returns with it held.
-func (n *Node) ensureDirLocked(ctx context.Context, p *peer) error {
-	for tries := 0; ; tries++ {
-		if err := n.usableLocked(p); err != nil {
-			return err
-		}
-		if p.dirValid {
-			return nil
-		}
-		if tries > 0 && p.dirErr != nil && !p.dirFetching {
-			return p.dirErr
-		}
-		e := newEffects()
-		n.fetchDirLocked(p)
-		ch := p.dirWait
-		n.kickLocked(p, e)
-		p.mu.Unlock()
-		n.apply(e)
-		var err error
-		if ch != nil {
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		}
-		p.mu.Lock()
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// fetchDirLocked starts reading p's directory with one READ, unless a
-// read is in progress or the directory is valid.
-func (n *Node) fetchDirLocked(p *peer) {
-	if p.dirFetching || p.dirValid {
-		return
-	}
-	if p.dirWait == nil {
-		p.dirWait = make(chan struct{})
-	}
-	p.dirErr = nil
-	if p.info.DirLen == 0 || p.info.DirRKey == 0 {
-		n.dirDoneLocked(p, map[string]Region{}, nil)
-		return
-	}
-	buf := make([]byte, p.info.DirLen)
-	mr, err := n.pd.RegMR(buf, verbs.AccessLocalWrite)
-	if err != nil {
-		n.dirDoneLocked(p, nil, err)
-		return
-	}
-	p.dirFetching = true
-	o := newOp()
-	o.v, o.p, o.code, o.sys = p.sys, p, opRawRead, true
-	o.local, o.lmr, o.tmp, o.rkey = buf, mr, true, p.info.DirRKey
-	o.onDone = n.dirFetched
-	n.ops.add(o)
-	p.active++
-	n.queueLocked(p, o, DC)
-	n.stats.dirReads.Add(1)
-}
-
-// dirFetched is the completion of a directory READ.
-func (n *Node) dirFetched(o *op) {
-	p := o.p
-	var regions map[string]Region
-	err := o.err
-	if err == nil {
-		regions, _, err = parseDirectory(o.local)
-	}
-	e := newEffects()
-	p.mu.Lock()
-	p.dirFetching = false
-	if errors.Is(err, errTorn) && p.dirTorn < 16 {
-		p.dirTorn++
-		n.stats.dirTorn.Add(1)
-		n.fetchDirLocked(p)
-	} else {
-		if errors.Is(err, errTorn) {
-			err = fmt.Errorf("%w: records kept changing during %d READs", ErrDirectory, p.dirTorn+1)
-		}
-		p.dirTorn = 0
-		n.dirDoneLocked(p, regions, err)
-		if err != nil {
-			// Operations waiting for the directory cannot be checked.
-			for _, q := range []*opQueue{&p.dcq, &p.rcq} {
-				for _, u := range q.filter(func(x *op) bool { return x.sys }) {
-					n.finishLocked(p, u, err, e)
-				}
-			}
-		}
-	}
-	n.kickLocked(p, e)
-	p.mu.Unlock()
-	n.apply(e)
-}
-
-func (n *Node) dirDoneLocked(p *peer, regions map[string]Region, err error) {
-	if err != nil {
-		p.dirErr = err
-		p.dirValid = false
-	} else {
-		p.dir, p.dirValid, p.dirAt, p.dirErr = regions, true, time.Now(), nil
-	}
-	if p.dirWait != nil {
-		close(p.dirWait)
-		p.dirWait = nil
-	}
-}
-
-// invalidateDirLocked makes the next user operation read the directory
-// again (after a NAK that says the cached one is wrong).
-func (n *Node) invalidateDirLocked(p *peer) {
-	p.dirValid = false
 }

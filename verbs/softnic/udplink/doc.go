@@ -19,7 +19,7 @@
 //
 // A single goroutine, started by Start, owns the receive side. It blocks in
 // recvmsg on a blocking socket (not in Go's netpoller, whose cross-CPU
-// wakeups cost more than the rest of a round trip; see MACHINE.md), and per
+// wakeups cost more than the rest of a round trip; see docs/machine-notes.md), and per
 // datagram it
 //
 //  1. peeks (MSG_PEEK|MSG_TRUNC) the first wire.MaxHeaderLen bytes, the
