@@ -8,13 +8,16 @@
 # Hosts 1..MEMNODES are memory nodes (their default region holds the
 # table, and each also runs `race.py serve`, the TCP baseline); host
 # MEMNODES+1 loads KEYS keys; every later host is a fresh compute host.
-# On each fresh host, one after another, a new process connects to every
+# On each fresh host, one after another (the first once, the others REPS
+# times), a new process connects to every
 # memory node and serves one lookup of a random loaded key:
 #
 #   krfs-files, cold   race.py lookup: the host's daemon has never reached
 #                      the memory nodes (meta lookup + VQP + directory READ)
 #   krfs-files, warm   the same again: a new process, the daemon knows them
 #   tcp                race.py tcplookup: TCP connect to every node's server
+#   go-files           raceboot -mode files: the same lookup from Go, on the
+#                      host's krfs files (warm daemon; no NIC of its own)
 #   go-vqp             raceboot -mode vqp: a fresh in-process krfs node (NIC,
 #                      meta client, VQPs over DCT)
 #   go-rc              raceboot -mode rc: a fresh NIC and RC QPs created from
@@ -24,14 +27,15 @@
 # against one warm READ. "bootstrap" is measured inside the process (from
 # its first line to the looked-up value); "process" from just before the
 # process is started to the value (interpreter or Go runtime start
-# included). Environment: MEMNODES, FRESH, KEYS, OUT (raw JSON lines),
+# included). Environment: MEMNODES, FRESH, REPS, KEYS, OUT (raw JSON lines),
 # KRFS_NS, KRFS_NET, KRFS_DIR as for scripts/cluster.sh.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 top=$(cd "$here/../.." && pwd)
 export KRFS_NS=${KRFS_NS:-krb$$} KRFS_NET=${KRFS_NET:-10.94.0} KRFS_DIR=${KRFS_DIR:-/run/krfs-rb$$} KRFS_MEM=${KRFS_MEM:-8M}
 MEMNODES=${MEMNODES:-4}
-FRESH=${FRESH:-5}
+FRESH=${FRESH:-6}
+REPS=${REPS:-3}
 KEYS=${KEYS:-5000}
 OUT=${OUT:-$(mktemp /tmp/raceboot.XXXXXX.jsonl)}
 race="python3 $here/race.py"
@@ -77,10 +81,13 @@ for h in $(seq $((loader + 1)) "$hosts"); do
 	key=$(printf 'key-%08d' $((RANDOM * 7 % KEYS)))
 	m=$KRFS_DIR/h$h
 	measure krfs-files-cold "$h" $race lookup --mount "$m" --nodes "$nodes" "$key"
-	measure krfs-files-warm "$h" $race lookup --mount "$m" --nodes "$nodes" "$key"
-	measure tcp "$h" $race tcplookup --servers "$servers" "$key"
-	measure go-vqp "$h" "$boot" -mode vqp -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
-	measure go-rc "$h" "$boot" -mode rc -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
+	for _ in $(seq 1 "$REPS"); do
+		measure krfs-files-warm "$h" $race lookup --mount "$m" --nodes "$nodes" "$key"
+		measure tcp "$h" $race tcplookup --servers "$servers" "$key"
+		measure go-files "$h" "$boot" -mode files -mount "$m" -nodes "$nodes" "$key"
+		measure go-vqp "$h" "$boot" -mode vqp -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
+		measure go-rc "$h" "$boot" -mode rc -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
+	done
 done
 in_host "$hosts" "$boot" -mode coldpeer -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$hosts:0" -nodes "$nodes" -n 300 >>"$OUT"
 
@@ -96,7 +103,7 @@ print("RACE bootstrap, %s memory nodes: a fresh process connects to every memory
 print()
 print("| variant | runs | bootstrap p50 us (in process) | of which connect | first lookup | process p50 us (start to value) |")
 print("|---|---:|---:|---:|---:|---:|")
-for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-vqp", "go-rc"]:
+for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-files", "go-vqp", "go-rc"]:
     rs = by.get(v, [])
     if not rs:
         continue
@@ -106,7 +113,8 @@ for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-vqp", "go-rc"]:
 def m(v, k="bootstrap_us"):
     return med(r[k] for r in by[v])
 print()
-print("go-rc / go-vqp bootstrap: %.2fx (target >= 5x)" % (m("go-rc") / m("go-vqp")))
+print("go-rc / go-files bootstrap: %.2fx (target >= 5x); go-rc / go-vqp: %.2fx" % (m("go-rc") / m("go-files"), m("go-rc") / m("go-vqp")))
+print("go-rc connect part / go-files connect part: %.2fx" % (med(r["bootstrap_us"] - r["lookup_us"] for r in by["go-rc"]) / med(r["bootstrap_us"] - r["lookup_us"] for r in by["go-files"])))
 print("tcp / krfs-files-cold bootstrap: %.2fx; tcp / krfs-files-warm: %.2fx" % (m("tcp") / m("krfs-files-cold"), m("tcp") / m("krfs-files-warm")))
 for r in rows:
     if r.get("mode") == "coldpeer":

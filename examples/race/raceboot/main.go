@@ -4,6 +4,7 @@
 // own qpcore node over DCT, in-process, as a RACE client linked with krfs
 // would) or on RC QPs created from scratch, the verbs way.
 //
+//	raceboot -mode files -mount /run/krfs-cluster/h5 -nodes 1,2,3 key-00000042
 //	raceboot -mode vqp -meta 10.77.0.254:4790 -listen 10.77.0.5:0 -nodes 1,2,3 key-00000042
 //	raceboot -mode rc  ... (same flags)
 //	raceboot -mode coldpeer -meta ... -listen ... -nodes 1,2,3 -n 200
@@ -22,6 +23,10 @@
 // READ of a peer's default region (qpcore forgets the peer first, so the
 // meta lookup and the region directory are read again) against one warm
 // 8-byte READ on the same VQP.
+//
+// files is the same Go client on the files of the host's krfs mount: it
+// opens no NIC and no meta client, because the daemon holds them (as
+// KRCORE's kernel module holds its pool); that is the paper's setting.
 //
 // It prints one JSON object. Times are in microseconds.
 package main
@@ -128,6 +133,7 @@ type result struct {
 	Nodes       int     `json:"nodes"`
 	Found       int     `json:"found"`
 	NICUs       float64 `json:"nic_us"`     // open the software NIC + meta client
+	NodeUs      float64 `json:"node_us"`    // vqp: start the in-process qpcore node
 	LookupsUs   float64 `json:"meta_us"`    // meta lookups of every node
 	ConnectUs   float64 `json:"connect_us"` // VQP or RC QP per node + header READ
 	FirstGetUs  float64 `json:"lookup_us"`  // the first key lookup
@@ -138,23 +144,24 @@ type result struct {
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 func main() {
-	mode := flag.String("mode", "vqp", "vqp, rc or coldpeer")
+	mode := flag.String("mode", "vqp", "files, vqp, rc or coldpeer")
 	metaAddr := flag.String("meta", "", "meta service HOST:PORT")
 	listen := flag.String("listen", "127.0.0.1:0", "address of this process's software NIC")
 	nodesFlag := flag.String("nodes", "", "gids of the memory nodes, in race.py's --nodes order")
 	iters := flag.Int("n", 100, "coldpeer: iterations")
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
+	mount := flag.String("mount", "", "files: this host's krfs mount directory")
 	flag.Parse()
-	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *iters, *timeout, flag.Args()); err != nil {
+	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "raceboot:", err)
 		os.Exit(1)
 	}
 }
 
-func run(mode, metaAddr, listen, nodesFlag string, iters int, timeout time.Duration, args []string) error {
+func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout time.Duration, args []string) error {
 	t0 := time.Now()
 	server, err := netip.ParseAddrPort(metaAddr)
-	if err != nil {
+	if err != nil && mode != "files" {
 		return fmt.Errorf("-meta %q: want HOST:PORT", metaAddr)
 	}
 	var gids []uint32
@@ -167,6 +174,16 @@ func run(mode, metaAddr, listen, nodesFlag string, iters int, timeout time.Durat
 	}
 	if mode != "coldpeer" && len(args) != 1 {
 		return errors.New("one KEY to look up expected")
+	}
+	if mode == "files" {
+		// No NIC and no meta client of its own: the host's krfs daemon
+		// has them, as KRCORE's kernel module does.
+		r := result{Mode: mode, Nodes: len(gids)}
+		if err := bootFiles(mount, gids, []byte(args[0]), &r, t0); err != nil {
+			return err
+		}
+		r.BootstrapUs = us(time.Since(t0))
+		return json.NewEncoder(os.Stdout).Encode(r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -206,6 +223,7 @@ func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint
 		return err
 	}
 	defer n.Close()
+	r.NodeUs = us(time.Since(t1))
 	// Connect does the meta lookup of an unknown peer itself.
 	vs := make([]*qpcore.VQP, len(gids))
 	hs := make([]header, len(gids))
@@ -226,6 +244,42 @@ func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint
 	r.ConnectUs = us(t2.Sub(t1))
 	v, reads, err := lookup(ctx, func(ctx context.Context, i int, p []byte, off uint64) error {
 		return vs[i].Read(ctx, p, "mem", off)
+	}, hs, key)
+	if err != nil {
+		return err
+	}
+	r.FirstGetUs, r.Found, r.Reads = us(time.Since(t2)), len(v), reads
+	return nil
+}
+
+// bootFiles is the same client on the files of the host's krfs mount:
+// one open file (a VQP of the daemon) per memory node.
+func bootFiles(mount string, gids []uint32, key []byte, r *result, t1 time.Time) error {
+	if mount == "" {
+		return errors.New("-mode files needs -mount")
+	}
+	fs := make([]*os.File, len(gids))
+	hs := make([]header, len(gids))
+	hb := make([]byte, hdrLen)
+	for i, g := range gids {
+		f, err := os.OpenFile(fmt.Sprintf("%s/peers/%d/mem", mount, g), os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fs[i] = f
+		if _, err := f.ReadAt(hb, 0); err != nil {
+			return err
+		}
+		if hs[i], err = parseHeader(hb); err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+	}
+	t2 := time.Now()
+	r.ConnectUs = us(t2.Sub(t1))
+	v, reads, err := lookup(context.Background(), func(_ context.Context, i int, p []byte, off uint64) error {
+		_, err := fs[i].ReadAt(p, int64(off))
+		return err
 	}, hs, key)
 	if err != nil {
 		return err
