@@ -58,9 +58,11 @@ link() {
 	ip -n "$ns" link set lo up
 }
 
+# A daemon mounts in well under a second on an idle machine; 64 daemons
+# starting at once on 2 vCPUs take longer, hence 30 s.
 wait_mounted() {
 	local mnt=$1 log=$2
-	for _ in $(seq 1 100); do
+	for _ in $(seq 1 300); do
 		if grep -q " $mnt fuse" /proc/self/mounts 2>/dev/null; then return 0; fi
 		sleep 0.1
 	done

@@ -12,9 +12,9 @@
         one cold open + 8-byte pread + close of one peer (the reference a
         mesh's per-pair cost is judged by), then one warm pread
 
-files and tcp wait until the wall-clock time --start-at (ns since the
-epoch; every namespace shares the machine's clock), so that all hosts
-start together, and print one JSON line: per-pair times, the host's total,
+files and tcp start together: each creates its --ready file and blocks
+reading the FIFO --gate until the orchestrator closes it (or waits until
+the wall-clock time --start-at, ns since the epoch). They print one JSON line: per-pair times, the host's total,
 start and end. Python 3 standard library only.
 """
 
@@ -26,6 +26,18 @@ import statistics
 import sys
 import threading
 import time
+
+
+def wait_gate(a):
+    """Start together: the orchestrator holds the FIFO --gate open for
+    writing; signal readiness with --ready, block in read() until it closes
+    the FIFO, which releases every host at once."""
+    if a.gate:
+        fd = os.open(a.gate, os.O_RDONLY)
+        open(a.ready, "w").close()
+        os.read(fd, 1)
+        os.close(fd)
+    wait_until(a.start_at)
 
 
 def wait_until(ns):
@@ -49,7 +61,7 @@ def cmd_files(a):
     peers = [p for p in a.peers.split(",") if p]
     buf = bytearray(8)
     paths = [os.path.join(a.mount, "peers", p, "mem") for p in peers]
-    wait_until(a.start_at)
+    wait_gate(a)
     pairs = []
     errors = 0
     t_start = time.time_ns()
@@ -72,7 +84,7 @@ def cmd_files(a):
 
 def cmd_tcp(a):
     peers = [p for p in a.peers.split(",") if p]
-    wait_until(a.start_at)
+    wait_gate(a)
     pairs = []
     errors = 0
     t_start = time.time_ns()
@@ -147,10 +159,14 @@ def main(argv):
     q.add_argument("--mount", required=True)
     q.add_argument("--peers", required=True)
     q.add_argument("--start-at", type=int, default=0)
+    q.add_argument("--gate", help="a FIFO to wait on (see wait_gate)")
+    q.add_argument("--ready", help="file to create when ready to start")
     q = sub.add_parser("tcp")
     q.add_argument("--peers", required=True)
     q.add_argument("--port", type=int, default=7300)
     q.add_argument("--start-at", type=int, default=0)
+    q.add_argument("--gate", help="a FIFO to wait on (see wait_gate)")
+    q.add_argument("--ready", help="file to create when ready to start")
     q = sub.add_parser("serve")
     q.add_argument("--bind", required=True)
     q.add_argument("--port", type=int, default=7300)

@@ -57,29 +57,40 @@ done
 echo "{\"kind\": \"up\", \"hosts\": $N, \"up_ms\": $(((t1 - t0) / 1000000)), \"rss_kib\": $rss, \"avail_drop_kib\": $((a0 - a1))}" >>"$OUT"
 
 for i in $(seq 1 "$N"); do
-	in_host "$i" $reach serve --bind "$KRFS_NET.$i" --port 7300 &
+	# nsenter execs python, so $! is the server itself.
+	nsenter --net="/run/netns/$KRFS_NS-h$i" python3 "$here/mesh-reach.py" serve --bind "$KRFS_NET.$i" --port 7300 >/dev/null 2>&1 &
 	servers+=($!)
 done
 
 # The reference: cold pairs, one at a time, before any mesh traffic.
 for k in 1 2 3 4 5; do
 	h=$((N - k + 1)) p=$k
-	[ "$h" != "$p" ] || continue
+	[ "$h" -gt "$p" ] || break
 	in_host "$h" $reach alone --mount "$KRFS_DIR/h$h" --peer "$p" >>"$OUT"
 done
 
 # mesh KIND: every host at once, started together.
 mesh() {
-	local kind=$1 at pids=()
-	at=$(($(date +%s%N) + (2 + N / 8) * 1000000000))
+	local kind=$1 at=0 pids=() gate=$KRFS_DIR/gate
+	# The gate: a FIFO held open here; every host blocks reading it once
+	# ready, and closing it releases them all at once.
+	rm -f "$gate" "$KRFS_DIR"/ready-*
+	mkfifo "$gate"
+	exec 3<>"$gate"
 	for i in $(seq 1 "$N"); do
+		local sync=(--gate "$gate" --ready "$KRFS_DIR/ready-$i")
 		if [ "$kind" = tcp ]; then
-			in_host "$i" $reach tcp --peers "$(ips_of "$i")" --port 7300 --start-at "$at" >"$KRFS_DIR/mesh-$i.json" &
+			in_host "$i" $reach tcp --peers "$(ips_of "$i")" --port 7300 "${sync[@]}" >"$KRFS_DIR/mesh-$i.json" 3>&- &
 		else
-			in_host "$i" $reach files --mount "$KRFS_DIR/h$i" --peers "$(peers_of "$i")" --start-at "$at" >"$KRFS_DIR/mesh-$i.json" &
+			in_host "$i" $reach files --mount "$KRFS_DIR/h$i" --peers "$(peers_of "$i")" "${sync[@]}" >"$KRFS_DIR/mesh-$i.json" 3>&- &
 		fi
 		pids+=($!)
 	done
+	for _ in $(seq 1 6000); do
+		[ "$(find "$KRFS_DIR" -maxdepth 1 -name 'ready-*' | wc -l)" -ge "$N" ] && break
+		sleep 0.05
+	done
+	exec 3>&-
 	local fail=0
 	for p in "${pids[@]}"; do wait "$p" || fail=1; done
 	for i in $(seq 1 "$N"); do

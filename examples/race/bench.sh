@@ -60,7 +60,8 @@ buckets=$((KEYS / MEMNODES / 4 + 64))
 $race init --mount "$KRFS_DIR/h$loader" --nodes "$nodes" --buckets "$buckets"
 $race load --mount "$KRFS_DIR/h$loader" --nodes "$nodes" --keys "$KEYS" >&2
 for i in $(seq 1 "$MEMNODES"); do
-	in_host "$i" $race serve --local "$KRFS_DIR/h$i/regions/mem" --bind "$KRFS_NET.$i" --port 7000 >/dev/null &
+	# nsenter execs python, so $! is the server itself.
+	nsenter --net="/run/netns/$KRFS_NS-h$i" python3 "$here/race.py" serve --local "$KRFS_DIR/h$i/regions/mem" --bind "$KRFS_NET.$i" --port 7000 >/dev/null &
 	pids+=($!)
 done
 sleep 1 # the servers bind
