@@ -28,7 +28,9 @@ N=${1:?usage: scripts/mesh.sh N}
 export KRFS_NS=${KRFS_NS:-kmesh$$} KRFS_NET=${KRFS_NET:-10.92.0} KRFS_DIR=${KRFS_DIR:-/run/krfs-mesh$$} KRFS_MEM=${KRFS_MEM:-1M}
 OUT=${OUT:-$(mktemp /tmp/mesh.XXXXXX.jsonl)}
 BIN=${KRFS_BIN:-$top/bin/krfs}
-reach="python3 $here/mesh-reach.py"
+# The interpreter itself, not a wrapper (a pyenv shim adds ~0.3 s per start).
+PY=${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}
+reach="$PY $here/mesh-reach.py"
 [ -x "$BIN" ] || (cd "$top" && go build -o "$BIN" ./cmd/krfs)
 
 servers=()
@@ -58,7 +60,7 @@ echo "{\"kind\": \"up\", \"hosts\": $N, \"up_ms\": $(((t1 - t0) / 1000000)), \"r
 
 for i in $(seq 1 "$N"); do
 	# nsenter execs python, so $! is the server itself.
-	nsenter --net="/run/netns/$KRFS_NS-h$i" python3 "$here/mesh-reach.py" serve --bind "$KRFS_NET.$i" --port 7300 >/dev/null 2>&1 &
+	nsenter --net="/run/netns/$KRFS_NS-h$i" $PY "$here/mesh-reach.py" serve --bind "$KRFS_NET.$i" --port 7300 >/dev/null 2>&1 &
 	servers+=($!)
 done
 

@@ -20,7 +20,9 @@ export KRFS_NS=${KRFS_NS:-ksl$$} KRFS_NET=${KRFS_NET:-10.93.0} KRFS_DIR=${KRFS_D
 REPS=${REPS:-5}
 SIZES=${SIZES:-"16384 65536 262144 1048576 4194304 16777216 67108864"}
 OUT=${OUT:-$(mktemp /tmp/handoff.XXXXXX.jsonl)}
-py="python3 $here/handoff.py"
+# The interpreter itself, not a wrapper (a pyenv shim adds ~0.3 s per start).
+PY=${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}
+py="$PY $here/handoff.py"
 
 trap '"$top/scripts/cluster.sh" down >/dev/null 2>&1 || true' EXIT
 "$top/scripts/cluster.sh" up 2 >/dev/null
