@@ -24,7 +24,9 @@
 # KRFS_META_FLAGS add flags to every `krfs mount` and to `krfs meta` (for
 # example KRFS_MOUNT_FLAGS="--log-level debug --timeout 5s").
 #
-# Up to 200 hosts. 64 hosts with KRFS_MEM=1M came up in about 8-20 s on a
+# Up to 200 hosts. Above 16 hosts, `up` raises the host-wide ARP table
+# limits (net.ipv4.neigh.default.gc_thresh2/3, shared by every namespace)
+# so that a full mesh does not overflow it. 64 hosts with KRFS_MEM=1M came up in about 8-20 s on a
 # 2-vCPU machine (most of it the daemons starting at once) and took about
 # 16 MiB of RSS per daemon (see scripts/mesh.sh, which measures both).
 set -euo pipefail
@@ -116,12 +118,33 @@ restart_meta() {
 	start_meta
 }
 
+# raise_neigh N: the kernel's neighbour (ARP) table is one table for all
+# network namespaces, capped by net.ipv4.neigh.default.gc_thresh3 (1024 by
+# default). A full mesh of N hosts holds about N*(N+1) entries, so 32 hosts
+# already overflow it ("neighbor table overflow!" in dmesg): ARP fails,
+# packets are dropped and peers look unreachable. Raise the thresholds for
+# the mesh (only ever raise them; they are host-wide).
+raise_neigh() {
+	local n=$1 want2 want3 cur
+	want3=$(((n + 2) * (n + 2) * 2 + 2048))
+	want2=$((want3 / 2))
+	for k in 2 3; do
+		local want=$want3
+		[ $k = 2 ] && want=$want2
+		cur=$(sysctl -n net.ipv4.neigh.default.gc_thresh$k 2>/dev/null || echo 0)
+		if [ "$cur" -lt "$want" ]; then
+			sysctl -qw net.ipv4.neigh.default.gc_thresh$k="$want" || echo "cluster.sh: could not raise gc_thresh$k to $want" >&2
+		fi
+	done
+}
+
 up() {
 	local n=${1:-3}
 	[[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "up N: N from 1 to 200"
 	need_root
 	[ -e /run/netns/$NS-sw ] && die "a cluster is already up (scripts/cluster.sh down first)"
 	build
+	[ "$n" -le 16 ] || raise_neigh "$n"
 	mkdir -p "$DIR"
 	ip netns add $NS-sw
 	ip -n $NS-sw link add br0 type bridge
