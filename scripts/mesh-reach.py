@@ -37,6 +37,8 @@ def wait_gate(a):
         open(a.ready, "w").close()
         os.read(fd, 1)
         os.close(fd)
+    elif a.ready:
+        open(a.ready, "w").close()
     wait_until(a.start_at)
 
 

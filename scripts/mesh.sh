@@ -17,7 +17,10 @@
 #   api        `krfs bench fullmesh` in every namespace at once: a fresh
 #              in-process krfs node reaching all N daemons (cold connect +
 #              8-byte READ each, 3 iterations), and once alone
-# and prints a table; raw JSON lines go to OUT. Environment: KRFS_NS,
+# and prints a table; raw JSON lines go to OUT. START=gate (default) starts
+# every host's mesh at the same instant; START=staggered lets each start as
+# soon as its process is up (spread over the processes' start-up time).
+# Environment: KRFS_NS,
 # KRFS_NET, KRFS_DIR, KRFS_MEM as for cluster.sh (defaults keep this
 # cluster apart from others: namespaces kmesh$$-*, 10.92.0.0/24, MEM 1M).
 set -euo pipefail
@@ -27,6 +30,7 @@ N=${1:?usage: scripts/mesh.sh N}
 [[ $N =~ ^[0-9]+$ ]] && [ "$N" -ge 2 ] && [ "$N" -le 253 ] || { echo "mesh.sh: N from 2 to 253" >&2; exit 2; }
 export KRFS_NS=${KRFS_NS:-kmesh$$} KRFS_NET=${KRFS_NET:-10.92.0} KRFS_DIR=${KRFS_DIR:-/run/krfs-mesh$$} KRFS_MEM=${KRFS_MEM:-1M}
 OUT=${OUT:-$(mktemp /tmp/mesh.XXXXXX.jsonl)}
+START=${START:-gate}
 BIN=${KRFS_BIN:-$top/bin/krfs}
 # The interpreter itself, not a wrapper (a pyenv shim adds ~0.3 s per start).
 PY=${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}
@@ -81,6 +85,7 @@ mesh() {
 	exec 3<>"$gate"
 	for i in $(seq 1 "$N"); do
 		local sync=(--gate "$gate" --ready "$KRFS_DIR/ready-$i")
+		[ "$START" = gate ] || sync=(--ready "$KRFS_DIR/ready-$i")
 		if [ "$kind" = tcp ]; then
 			in_host "$i" $reach tcp --peers "$(ips_of "$i")" --port 7300 "${sync[@]}" >"$KRFS_DIR/mesh-$i.json" 3>&- &
 		else
@@ -127,14 +132,14 @@ t2=$(date +%s%N)
 t3=$(date +%s%N)
 echo "{\"kind\": \"down\", \"down_ms\": $(((t3 - t2) / 1000000))}" >>"$OUT"
 
-python3 - "$OUT" "$N" <<'EOF'
+python3 - "$OUT" "$N" "$START" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 N = int(sys.argv[2])
 med = statistics.median
 up = next(r for r in rows if r["kind"] == "up")
 down = next(r for r in rows if r["kind"] == "down")
-print("full mesh of %d krfs daemons (%d ordered pairs)" % (N, N * (N - 1)))
+print("full mesh of %d krfs daemons (%d ordered pairs), start: %s" % (N, N * (N - 1), sys.argv[3]))
 print("bring-up: %.1f s; daemons' RSS %.0f MiB (%.1f MiB per daemon); machine's available memory -%.0f MiB; teardown %.1f s" % (
     up["up_ms"] / 1e3, up["rss_kib"] / 1024, up["rss_kib"] / 1024 / (N + 1), up["avail_drop_kib"] / 1024, down["down_ms"] / 1e3))
 alone = [r for r in rows if r["kind"] == "alone"]
