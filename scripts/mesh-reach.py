@@ -141,17 +141,23 @@ def cmd_alone(a):
     path = os.path.join(a.mount, "peers", str(a.peer), "mem")
     buf = bytearray(8)
     t0 = time.perf_counter_ns()
-    fd = os.open(path, os.O_RDONLY)
-    os.preadv(fd, [buf], 0)
-    os.close(fd)
-    t1 = time.perf_counter_ns()
-    fd = os.open(path, os.O_RDONLY)
-    t2 = time.perf_counter_ns()
-    os.preadv(fd, [buf], 0)
-    t3 = time.perf_counter_ns()
-    os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        os.preadv(fd, [buf], 0)
+        os.close(fd)
+        t1 = time.perf_counter_ns()
+        fd = os.open(path, os.O_RDONLY)
+        t2 = time.perf_counter_ns()
+        os.preadv(fd, [buf], 0)
+        t3 = time.perf_counter_ns()
+        os.close(fd)
+    except OSError as e:
+        print(json.dumps({"kind": "alone", "peer": a.peer, "error": str(e),
+                          "after_us": (time.perf_counter_ns() - t0) / 1e3}))
+        return 1
     print(json.dumps({"kind": "alone", "peer": a.peer, "cold_open_read8_us": (t1 - t0) / 1e3,
                       "warm_read8_us": (t3 - t2) / 1e3}))
+    return 0
 
 
 def main(argv):
