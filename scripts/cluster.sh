@@ -26,9 +26,11 @@
 #
 # Up to 200 hosts. Above 16 hosts, `up` raises the host-wide ARP table
 # limits (net.ipv4.neigh.default.gc_thresh2/3, shared by every namespace)
-# so that a full mesh does not overflow it. 64 hosts with KRFS_MEM=1M came up in about 8-20 s on a
-# 2-vCPU machine (most of it the daemons starting at once) and took about
-# 16 MiB of RSS per daemon (see scripts/mesh.sh, which measures both).
+# so that a full mesh does not overflow it. On a busy 2-vCPU machine with
+# KRFS_MEM=1M, 32 hosts came up in 8-12 s and 64 in 18 s (most of it the
+# daemons starting at once); each daemon showed about 15 MiB of RSS, much
+# of it the shared binary: the machine's available memory fell by 5-8 MiB
+# per daemon at 32 hosts and 3.6 MiB at 64 (scripts/mesh.sh measures both).
 set -euo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -198,5 +200,5 @@ down) down ;;
 restart) shift; restart "$@" ;;
 restart-meta) restart_meta ;;
 status) status ;;
-*) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+*) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
