@@ -1,0 +1,443 @@
+// Command raceboot is the Go side of the RACE bootstrap benchmark: a fresh
+// compute-node process that reaches every memory node of a table laid out
+// by race.py and serves its first lookup, either through krfs VQPs (its
+// own qpcore node over DCT, in-process, as a RACE client linked with krfs
+// would) or on RC QPs created from scratch, the verbs way.
+//
+//	raceboot -mode files -mount /run/krfs-cluster/h5 -nodes 1,2,3 key-00000042
+//	raceboot -mode vqp -meta 10.77.0.254:4790 -listen 10.77.0.5:0 -nodes 1,2,3 key-00000042
+//	raceboot -mode rc  ... (same flags)
+//	raceboot -mode coldpeer -meta ... -listen ... -nodes 1,2,3 -n 200
+//
+// Both bootstrap modes start from nothing: a new software NIC and a meta
+// client (one RC connection to the meta service), then one meta lookup per
+// memory node (a one-sided READ of the meta table). vqp then opens a VQP
+// per node and READs its table header (the first operation also READs the
+// node's region directory); rc creates an RC QP per node, connects it with
+// the connection manager's handshake to the node's krfs daemon (the CM
+// service qpcore's RC pool listens on), READs the node's region directory
+// to learn the default region's rkey, and READs the header. The lookup is
+// the same in both: two bucket READs and one key-value block READ.
+//
+// coldpeer measures, in one process, a cold connect plus the first 8-byte
+// READ of a peer's default region (qpcore forgets the peer first, so the
+// meta lookup and the region directory are read again) against one warm
+// 8-byte READ on the same VQP.
+//
+// files is the same Go client on the files of the host's krfs mount: it
+// opens no NIC and no meta client, because the daemon holds them (as
+// KRCORE's kernel module holds its pool); that is the paper's setting.
+//
+// It prints one JSON object. Times are in microseconds.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/crc32"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
+)
+
+// qpcoreRCService is the connection-manager service on which a krfs
+// daemon's qpcore node accepts RC connections (qpcore/node.go rcService).
+const qpcoreRCService = 0x4b524301
+
+// Table layout of race.py.
+const (
+	hdrLen   = 64
+	slots    = 8
+	bucket   = slots * 8
+	seed2    = 0x9E3779B9
+	kvHdrLen = 16
+)
+
+type header struct{ nbuckets, nodes uint32 }
+
+func parseHeader(b []byte) (header, error) {
+	if string(b[:8]) != "RACEKV01" || binary.LittleEndian.Uint32(b[12:]) != slots {
+		return header{}, errors.New("no RACE table (run race.py init and load first)")
+	}
+	return header{binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[16:])}, nil
+}
+
+// locate is race.py's Table.locate.
+func locate(key []byte, hs []header) (node int, b1, b2 uint64, fp uint8) {
+	h1 := crc32.ChecksumIEEE(key)
+	h2 := crc32.Update(seed2, crc32.IEEETable, key)
+	nodes := len(hs)
+	node = int(h1 % uint32(nodes))
+	nb := uint64(hs[node].nbuckets)
+	x1 := uint64(h1/uint32(nodes)) % nb
+	x2 := uint64(h2) % nb
+	if x2 == x1 {
+		x2 = (x1 + 1) % nb
+	}
+	return node, hdrLen + x1*bucket, hdrLen + x2*bucket, uint8(h2 >> 24)
+}
+
+// reader READs n bytes at off of memory node i's default region.
+type reader func(ctx context.Context, i int, p []byte, off uint64) error
+
+// lookup is race.py's Table.get.
+func lookup(ctx context.Context, rd reader, hs []header, key []byte) ([]byte, int, error) {
+	i, b1, b2, fp := locate(key, hs)
+	reads := 0
+	buf := make([]byte, 2*bucket)
+	for k, off := range []uint64{b1, b2} {
+		if err := rd(ctx, i, buf[k*bucket:(k+1)*bucket], off); err != nil {
+			return nil, reads, err
+		}
+		reads++
+	}
+	for s := range 2 * slots {
+		w := binary.LittleEndian.Uint64(buf[8*s:])
+		if w == 0 || uint8(w>>56) != fp {
+			continue
+		}
+		blocks, boff := (w>>48)&0xff, w&(1<<48-1)
+		blk := make([]byte, blocks*64)
+		if err := rd(ctx, i, blk, boff); err != nil {
+			return nil, reads, err
+		}
+		reads++
+		klen := int(binary.LittleEndian.Uint16(blk))
+		vlen := int(binary.LittleEndian.Uint32(blk[4:]))
+		crc := binary.LittleEndian.Uint32(blk[8:])
+		if kvHdrLen+klen+vlen > len(blk) {
+			continue
+		}
+		kv := blk[kvHdrLen : kvHdrLen+klen+vlen]
+		if crc32.ChecksumIEEE(kv) == crc && string(kv[:klen]) == string(key) {
+			return kv[klen:], reads, nil
+		}
+	}
+	return nil, reads, fmt.Errorf("key %q not found", key)
+}
+
+type result struct {
+	Mode        string  `json:"mode"`
+	Nodes       int     `json:"nodes"`
+	Found       int     `json:"found"`
+	NICUs       float64 `json:"nic_us"`     // open the software NIC + meta client
+	NodeUs      float64 `json:"node_us"`    // vqp: start the in-process qpcore node
+	LookupsUs   float64 `json:"meta_us"`    // meta lookups of every node
+	ConnectUs   float64 `json:"connect_us"` // VQP or RC QP per node + header READ
+	FirstGetUs  float64 `json:"lookup_us"`  // the first key lookup
+	BootstrapUs float64 `json:"bootstrap_us"`
+	Reads       int     `json:"lookup_reads"`
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func main() {
+	mode := flag.String("mode", "vqp", "files, vqp, rc or coldpeer")
+	metaAddr := flag.String("meta", "", "meta service HOST:PORT")
+	listen := flag.String("listen", "127.0.0.1:0", "address of this process's software NIC")
+	nodesFlag := flag.String("nodes", "", "gids of the memory nodes, in race.py's --nodes order")
+	iters := flag.Int("n", 100, "coldpeer: iterations")
+	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
+	mount := flag.String("mount", "", "files: this host's krfs mount directory")
+	flag.Parse()
+	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, flag.Args()); err != nil {
+		fmt.Fprintln(os.Stderr, "raceboot:", err)
+		os.Exit(1)
+	}
+}
+
+func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout time.Duration, args []string) error {
+	t0 := time.Now()
+	server, err := netip.ParseAddrPort(metaAddr)
+	if err != nil && mode != "files" {
+		return fmt.Errorf("-meta %q: want HOST:PORT", metaAddr)
+	}
+	var gids []uint32
+	for _, f := range strings.Split(nodesFlag, ",") {
+		g, err := strconv.ParseUint(f, 10, 32)
+		if err != nil || g == 0 {
+			return fmt.Errorf("-nodes %q: want gids like 1,2,3", nodesFlag)
+		}
+		gids = append(gids, uint32(g))
+	}
+	if mode != "coldpeer" && len(args) != 1 {
+		return errors.New("one KEY to look up expected")
+	}
+	if mode == "files" {
+		// No NIC and no meta client of its own: the host's krfs daemon
+		// has them, as KRCORE's kernel module does.
+		r := result{Mode: mode, Nodes: len(gids)}
+		if err := bootFiles(mount, gids, []byte(args[0]), &r, t0); err != nil {
+			return err
+		}
+		r.BootstrapUs = us(time.Since(t0))
+		return json.NewEncoder(os.Stdout).Encode(r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	dev, err := softnic.OpenUDP(listen)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	cl, err := meta.NewClient(ctx, dev, meta.ClientConfig{Servers: []netip.AddrPort{server}})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	r := result{Mode: mode, Nodes: len(gids)}
+	tNIC := time.Now()
+	r.NICUs = us(tNIC.Sub(t0))
+	switch mode {
+	case "coldpeer":
+		return coldPeer(ctx, dev, cl, gids, iters)
+	case "vqp":
+		err = bootVQP(ctx, dev, cl, gids, []byte(args[0]), &r, tNIC)
+	case "rc":
+		err = bootRC(ctx, dev, cl, gids, []byte(args[0]), &r, tNIC)
+	default:
+		return fmt.Errorf("-mode %q: vqp, rc or coldpeer", mode)
+	}
+	if err != nil {
+		return err
+	}
+	r.BootstrapUs = us(time.Since(t0))
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time) error {
+	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	r.NodeUs = us(time.Since(t1))
+	// Connect does the meta lookup of an unknown peer itself.
+	vs := make([]*qpcore.VQP, len(gids))
+	hs := make([]header, len(gids))
+	hb := make([]byte, hdrLen)
+	for i, g := range gids {
+		if vs[i], err = n.Connect(ctx, g); err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+		defer vs[i].Close()
+		if err := vs[i].Read(ctx, hb, "mem", 0); err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+		if hs[i], err = parseHeader(hb); err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+	}
+	t2 := time.Now()
+	r.ConnectUs = us(t2.Sub(t1))
+	v, reads, err := lookup(ctx, func(ctx context.Context, i int, p []byte, off uint64) error {
+		return vs[i].Read(ctx, p, "mem", off)
+	}, hs, key)
+	if err != nil {
+		return err
+	}
+	r.FirstGetUs, r.Found, r.Reads = us(time.Since(t2)), len(v), reads
+	return nil
+}
+
+// bootFiles is the same client on the files of the host's krfs mount:
+// one open file (a VQP of the daemon) per memory node.
+func bootFiles(mount string, gids []uint32, key []byte, r *result, t1 time.Time) error {
+	if mount == "" {
+		return errors.New("-mode files needs -mount")
+	}
+	fs := make([]*os.File, len(gids))
+	hs := make([]header, len(gids))
+	hb := make([]byte, hdrLen)
+	for i, g := range gids {
+		f, err := os.OpenFile(fmt.Sprintf("%s/peers/%d/mem", mount, g), os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fs[i] = f
+		if _, err := f.ReadAt(hb, 0); err != nil {
+			return err
+		}
+		if hs[i], err = parseHeader(hb); err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+	}
+	t2 := time.Now()
+	r.ConnectUs = us(t2.Sub(t1))
+	v, reads, err := lookup(context.Background(), func(_ context.Context, i int, p []byte, off uint64) error {
+		_, err := fs[i].ReadAt(p, int64(off))
+		return err
+	}, hs, key)
+	if err != nil {
+		return err
+	}
+	r.FirstGetUs, r.Found, r.Reads = us(time.Since(t2)), len(v), reads
+	return nil
+}
+
+// rcPeer is an RC QP to one memory node and its default region's rkey.
+type rcPeer struct {
+	qp   verbs.QP
+	rkey uint32
+}
+
+func bootRC(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time) error {
+	infos := make([]meta.NodeInfo, len(gids))
+	for i, g := range gids {
+		var err error
+		if infos[i], err = cl.Lookup(ctx, g); err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+	}
+	t2 := time.Now()
+	r.LookupsUs = us(t2.Sub(t1))
+	pd, err := dev.AllocPD()
+	if err != nil {
+		return err
+	}
+	cq, err := dev.CreateCQ(64)
+	if err != nil {
+		return err
+	}
+	local := make([]byte, 64<<10)
+	lmr, err := pd.RegMR(local, verbs.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	wcs := make([]verbs.WC, 1)
+	read := func(q verbs.QP, rkey uint32, p []byte, off uint64) error {
+		if len(p) > len(local) {
+			return errors.New("read too large")
+		}
+		if err := q.PostSend([]verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled,
+			Local: verbs.SGE{MR: lmr, Length: uint32(len(p))}, RemoteAddr: off, RKey: rkey}}); err != nil {
+			return err
+		}
+		for cq.Poll(wcs) == 0 {
+			if err := cq.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		if err := wcs[0].Err(); err != nil {
+			return err
+		}
+		copy(p, local)
+		return nil
+	}
+	peers := make([]rcPeer, len(gids))
+	hs := make([]header, len(gids))
+	for i, info := range infos {
+		q, err := pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, Caps: verbs.QPCaps{MaxSendWR: 16, MaxRecvWR: 1}})
+		if err != nil {
+			return err
+		}
+		defer q.Destroy()
+		if _, err := dev.ConnectRC(ctx, q, info.Addr, qpcoreRCService, verbs.ConnParams{}); err != nil {
+			return fmt.Errorf("RC to gid %d: %w", info.GID, err)
+		}
+		dir := make([]byte, info.DirLen)
+		if err := read(q, info.DirRKey, dir, 0); err != nil {
+			return fmt.Errorf("gid %d directory: %w", info.GID, err)
+		}
+		rkey, err := dirLookup(dir, "mem")
+		if err != nil {
+			return fmt.Errorf("gid %d: %w", info.GID, err)
+		}
+		peers[i] = rcPeer{q, rkey}
+		hb := make([]byte, hdrLen)
+		if err := read(q, rkey, hb, 0); err != nil {
+			return fmt.Errorf("gid %d: %w", info.GID, err)
+		}
+		if hs[i], err = parseHeader(hb); err != nil {
+			return fmt.Errorf("gid %d: %w", info.GID, err)
+		}
+	}
+	t3 := time.Now()
+	r.ConnectUs = us(t3.Sub(t2))
+	v, reads, err := lookup(ctx, func(ctx context.Context, i int, p []byte, off uint64) error {
+		return read(peers[i].qp, peers[i].rkey, p, off)
+	}, hs, key)
+	if err != nil {
+		return err
+	}
+	r.FirstGetUs, r.Found, r.Reads = us(time.Since(t3)), len(v), reads
+	return nil
+}
+
+// dirLookup finds a region's rkey in a region directory, as documented in
+// package qpcore: a 64-byte header (magic "KRD1", record length, format,
+// capacity), then records of rkey, length, flags, name.
+func dirLookup(dir []byte, name string) (uint32, error) {
+	le := binary.LittleEndian
+	if len(dir) < 64 || le.Uint32(dir) != 0x3144524b {
+		return 0, errors.New("not a region directory")
+	}
+	recLen, capacity := int(le.Uint16(dir[4:])), int(le.Uint32(dir[8:]))
+	for i := range capacity {
+		rec := dir[64+i*recLen:]
+		if len(rec) < recLen || recLen < 76 {
+			break
+		}
+		seqHead, seqTail := le.Uint32(rec), le.Uint32(rec[76:])
+		if rec[17]&1 == 0 || seqHead != seqTail || seqHead%2 != 0 {
+			continue
+		}
+		if nl := int(rec[18]); nl <= 32 && string(rec[32:32+nl]) == name {
+			return le.Uint32(rec[4:]), nil
+		}
+	}
+	return 0, fmt.Errorf("no region %q", name)
+}
+
+// coldPeer: per iteration and memory node, forget the peer, then time a
+// cold Connect + first 8-byte READ, then one warm 8-byte READ.
+func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, iters int) error {
+	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	b := make([]byte, 8)
+	if err := n.Register(b); err != nil {
+		return err
+	}
+	var cold, warm []time.Duration
+	for k := range iters {
+		g := gids[k%len(gids)]
+		if !n.Forget(g) {
+			return fmt.Errorf("gid %d still in use", g)
+		}
+		t0 := time.Now()
+		v, err := n.Connect(ctx, g)
+		if err == nil {
+			err = v.Read(ctx, b, "mem", 0)
+		}
+		t1 := time.Now()
+		if err == nil {
+			err = v.Read(ctx, b, "mem", 0)
+		}
+		t2 := time.Now()
+		if err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+		v.Close()
+		cold, warm = append(cold, t1.Sub(t0)), append(warm, t2.Sub(t1))
+	}
+	p50 := func(d []time.Duration) float64 { slices.Sort(d); return us(d[len(d)/2]) }
+	c, w := p50(cold), p50(warm)
+	return json.NewEncoder(os.Stdout).Encode(map[string]any{"mode": "coldpeer", "iterations": iters,
+		"cold_connect_read8_p50_us": c, "warm_read8_p50_us": w, "ratio": c / w, "target": 2.3})
+}

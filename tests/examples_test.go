@@ -1,0 +1,190 @@
+package tests
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestExamples runs examples/race and examples/serverless end to end on a
+// 3-host cluster, with their correctness checks; sizes are kept small so
+// that the test stays quick. No timing is asserted.
+func TestExamples(t *testing.T) {
+	c := newCluster(t, 3)
+	t.Run("race", func(t *testing.T) { testRace(t, c) })
+	t.Run("serverless", func(t *testing.T) { testServerless(t, c) })
+}
+
+func (c *cluster) py(script string) string {
+	return "python3 " + filepath.Join(c.top, "examples", script)
+}
+
+// testRace: a table on all three hosts' default regions, a loader, then
+// three clients on three hosts inserting at once into a table small
+// enough that they contend for the same buckets; every key must be found
+// with its value and occupy exactly one slot. Then one slot is cleared
+// behind the table's back, and the check must notice.
+func testRace(t *testing.T, c *cluster) {
+	const loaded, perClient, clients = 300, 100, 3
+	race := c.py("race/race.py")
+	nodes := "--nodes 1,2,3"
+	c.mustSh(t, fmt.Sprintf("%s init --mount %s %s --buckets 32", race, c.mnt(1), nodes))
+	c.mustSh(t, fmt.Sprintf("%s load --mount %s %s --keys %d", race, c.mnt(1), nodes, loaded))
+
+	var wg sync.WaitGroup
+	outs := make([]string, clients)
+	errs := make([]error, clients)
+	for k := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[k], errs[k] = c.sh(120*time.Second, fmt.Sprintf("%s run --mount %s %s --client %d --keys %d --loaded %d",
+				race, c.mnt(k+1), nodes, k, perClient, loaded))
+		}()
+	}
+	wg.Wait()
+	lost := 0
+	for k := range clients {
+		if errs[k] != nil {
+			t.Fatalf("client %d on host %d: %v\n%s", k, k+1, errs[k], outs[k])
+		}
+		t.Logf("client %d on host %d: %s", k, k+1, strings.TrimSpace(outs[k]))
+		if m := regexp.MustCompile(`"cas_lost": (\d+)`).FindStringSubmatch(outs[k]); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			lost += n
+		}
+	}
+	t.Logf("CAS lost to another client (then retried): %d", lost)
+
+	out := c.mustSh(t, fmt.Sprintf("%s check --mount %s %s --keys %d --clients %d --client-keys %d",
+		race, c.mnt(2), nodes, loaded, clients, perClient))
+	want := fmt.Sprintf("all %d keys found with their values, %d slots for %d keys", loaded+clients*perClient, loaded+clients*perClient, loaded+clients*perClient)
+	if !strings.Contains(out, want) {
+		t.Fatalf("check: %s", out)
+	}
+
+	// A bootstrap lookup from a fresh process finds a loaded key.
+	out = c.mustSh(t, fmt.Sprintf("%s lookup --mount %s %s key-00000042", race, c.mnt(3), nodes))
+	if !strings.Contains(out, `"found": 64`) {
+		t.Fatalf("lookup: %s", out)
+	}
+
+	// The Go bootstrap client finds the same key through fresh VQPs and
+	// through RC QPs created from scratch, from host 3's namespace.
+	boot := filepath.Join(c.dir, "raceboot")
+	if out, err := exec.Command("go", "build", "-o", boot, filepath.Join(c.top, "examples/race/raceboot")).CombinedOutput(); err != nil {
+		t.Fatalf("go build raceboot: %v\n%s", err, out)
+	}
+	for _, mode := range []string{"vqp", "rc"} {
+		out = c.mustSh(t, fmt.Sprintf("nsenter --net=/run/netns/ke%d-h3 %s -mode %s -meta 10.78.0.254:4790 -listen 10.78.0.3:0 -nodes 1,2,3 key-00000042",
+			os.Getpid()%100000, boot, mode))
+		if !strings.Contains(out, `"found":64`) {
+			t.Fatalf("raceboot -mode %s: %s", mode, out)
+		}
+	}
+
+	// The check has teeth: clear one used slot of host 1's table.
+	clear := fmt.Sprintf(`import os, struct
+fd = os.open(%q, os.O_RDWR)
+b = os.pread(fd, 32*64, 64)
+w = struct.unpack("<%%dQ" %% (len(b)//8), b)
+i = next(i for i, x in enumerate(w) if x)
+os.pwrite(fd, bytes(8), 64 + 8*i)
+print("cleared slot", i)`, filepath.Join(c.mnt(3), "peers/1/mem"))
+	c.mustSh(t, "python3 -c '"+clear+"'")
+	out, err := c.sh(60*time.Second, fmt.Sprintf("%s check --mount %s %s --keys %d --clients %d --client-keys %d",
+		race, c.mnt(2), nodes, loaded, clients, perClient))
+	if err == nil || !strings.Contains(out, "1 keys missing or wrong") {
+		t.Fatalf("check after clearing a slot: %v\n%s", err, out)
+	}
+}
+
+// nodeStat reads one counter of a host's stats file.
+func nodeStat(t *testing.T, mnt, name string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(mnt, "stats"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\d+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no %s in %s/stats", name, mnt)
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
+
+// testServerless hands objects from a producer on host 1 to a consumer
+// on host 3 through ports/: below the rendezvous threshold (one eager
+// message), at it, and above one message (chunked). The consumer's copy
+// must be byte-identical, and objects of 64 KiB and more must have gone
+// by rendezvous.
+func testServerless(t *testing.T, c *cluster) {
+	ho := c.py("serverless/handoff.py")
+	for i, size := range []int{16 << 10, 64 << 10, 3<<20 + 12345} {
+		t.Run(strconv.Itoa(size), func(t *testing.T) {
+			in := filepath.Join(c.dir, fmt.Sprintf("obj-%d", i))
+			out := in + ".out"
+			obj := make([]byte, size)
+			rand.Read(obj)
+			if err := os.WriteFile(in, obj, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			port := 200 + i
+			rdvBefore := nodeStat(t, c.mnt(1), "node.MsgRendezvous")
+			recv := make(chan string, 1)
+			go func() {
+				o, err := c.sh(60*time.Second, fmt.Sprintf("%s recv --mount %s --port %d --out %s --timeout 50", ho, c.mnt(3), port, out))
+				if err != nil {
+					o += err.Error()
+				}
+				recv <- o
+			}()
+			// The consumer binds its port first.
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				if _, err := os.Stat(filepath.Join(c.mnt(3), "ports", strconv.Itoa(port))); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("consumer did not bind port %d: %s", port, <-recv)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			sent := c.mustSh(t, fmt.Sprintf("%s send --mount %s --to 3 --port %d --reply %d --in %s --timeout 50", ho, c.mnt(1), port, port+50, in))
+			got := <-recv
+			if !strings.Contains(sent, `"identical": true`) || !strings.Contains(got, `"side": "recv"`) {
+				t.Fatalf("send: %s\nrecv: %s", sent, got)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b, obj) {
+				t.Fatalf("the consumer's object differs from the producer's (%d vs %d bytes)", len(b), len(obj))
+			}
+			chunks := (size + (1<<20 - 8192) - 1) / (1<<20 - 8192)
+			rdv := nodeStat(t, c.mnt(1), "node.MsgRendezvous") - rdvBefore
+			switch {
+			case size < 64<<10 && rdv != 0:
+				t.Fatalf("%d B object: %d rendezvous, want an eager message", size, rdv)
+			case size >= 64<<10 && rdv != chunks:
+				t.Fatalf("%d B object in %d chunks: %d rendezvous", size, chunks, rdv)
+			}
+			for _, p := range []string{filepath.Join(c.mnt(3), "ports", strconv.Itoa(port)), filepath.Join(c.mnt(1), "ports", strconv.Itoa(port+50))} {
+				if _, err := os.Stat(p); err == nil {
+					t.Fatalf("%s still bound after the hand-off", p)
+				}
+			}
+		})
+	}
+}
