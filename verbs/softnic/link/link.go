@@ -61,8 +61,13 @@ type Link interface {
 	// Start begins delivering received packets to r from the link's own
 	// goroutine(s). It is called once.
 	Start(r Receiver)
-	// MaxPayload is the largest datagram the link carries.
+	// MaxDatagram is the largest datagram the link carries.
 	MaxDatagram() int
+	// MaxDatagramTo is the largest datagram that reaches to without IP
+	// fragmentation (the path MTU less the IP and UDP headers), at most
+	// MaxDatagram. A link never fragments: a larger datagram is dropped
+	// and counted. It is cheap after the first call for a destination.
+	MaxDatagramTo(to netip.AddrPort) int
 	// Stats reports link counters.
 	Stats() Stats
 	// Close stops delivery and waits for the link's goroutines to exit.

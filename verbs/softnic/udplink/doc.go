@@ -85,6 +85,24 @@
 // that size and larger are sent without GSO from then on
 // (Counters.GSOMaxSegment). Every rejection counts in GSOFallbacks.
 //
+// # Path MTU: never fragment
+//
+// The socket sends with IP_PMTUDISC_DO (IPV6_PMTUDISC_DO for IPv6), so the
+// kernel never cuts a softnic datagram into IP fragments: fragments defeat
+// GRO, and lost or duplicated ones fill the receiver's reassembly memory so
+// that every fragmented datagram to that host is dropped for ipfrag_time
+// (30 s). A datagram larger than the route allows fails with EMSGSIZE
+// instead, is counted (Counters.TooBig) and makes the link forget that
+// destination's cached MTU. MaxDatagramTo tells the engine how large a
+// datagram may be per destination: the route MTU (IP_MTU read on a probe
+// socket, opened in Open so that it lives in the link's network namespace,
+// connected to the destination for the look-up) less the IP and UDP
+// headers. The first look-up per destination costs a few microseconds
+// (Counters.PMTUProbes); later ones read a cache. On loopback (MTU 65536)
+// that is the full 65507 bytes; across an Ethernet path of MTU 1500 it is
+// 1472. GSO segments are single datagrams on the wire, so they obey the
+// same limit.
+//
 // # Threading and locks
 //
 // Send is safe for concurrent use. Its reusable buffers (message headers,

@@ -46,6 +46,8 @@ type Link struct {
 	gsoMax    atomic.Int64 // largest packet length sent with GSO; 0: GSO off
 	gsoWorked atomic.Bool  // a GSO message has been accepted by the kernel
 
+	pmtu pmtuCache
+
 	c counters
 }
 
@@ -58,6 +60,8 @@ type counters struct {
 	rxDatagrams, rxBytes, rxSyscalls, rxErrors atomic.Uint64
 	truncated, rxBatches, rxSteered            atomic.Uint64
 	rxReassembled, rxMalformed                 atomic.Uint64
+	_                                          [64]byte
+	pmtuProbes, tooBig                         atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -68,6 +72,7 @@ func Open(cfg Config) (*Link, error) {
 		return nil, err
 	}
 	l := &Link{fd: -1}
+	l.pmtu.probeFd = -1
 	family := unix.AF_INET
 	if ap.Addr().Is6() {
 		family = unix.AF_INET6
@@ -79,6 +84,9 @@ func Open(cfg Config) (*Link, error) {
 	}
 	if err := l.setup(fd, ap, cfg); err != nil {
 		unix.Close(fd)
+		if l.pmtu.probeFd >= 0 {
+			unix.Close(l.pmtu.probeFd)
+		}
 		return nil, err
 	}
 	l.fd = fd
@@ -124,6 +132,9 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 		l.local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
 	l.maxDatagram = maxDatagramFor(ap.Addr())
+	if err := l.setupPMTU(fd); err != nil {
+		return fmt.Errorf("udplink: path MTU discovery on %s: %w", ap, err)
+	}
 
 	if cfg.GSO {
 		// UDP_SEGMENT is readable on every kernel that implements it.
@@ -234,6 +245,12 @@ func (l *Link) close() error {
 	if err := unix.Close(fd); err != nil {
 		errs = append(errs, fmt.Errorf("udplink: close %s: %w", l.local, err))
 	}
+	l.pmtu.mu.Lock()
+	if l.pmtu.probeFd >= 0 {
+		unix.Close(l.pmtu.probeFd)
+		l.pmtu.probeFd = -1
+	}
+	l.pmtu.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -263,6 +280,8 @@ func (l *Link) Counters() Counters {
 		RxSteered:     c.rxSteered.Load(),
 		RxReassembled: c.rxReassembled.Load(),
 		RxMalformed:   c.rxMalformed.Load(),
+		PMTUProbes:    c.pmtuProbes.Load(),
+		TooBig:        c.tooBig.Load(),
 		TxGSOMessages: c.txGSOMessages.Load(),
 		TxDrops:       c.txDrops.Load(),
 		GSOFallbacks:  c.gsoFallbacks.Load(),
