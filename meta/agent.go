@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/clock"
 )
 
 // AgentConfig configures an Agent.
@@ -18,7 +18,7 @@ type AgentConfig struct {
 	// The agent renews at a third of the lease granted.
 	Lease time.Duration
 	// Clock drives heartbeats; nil takes the client's.
-	Clock link.Clock
+	Clock clock.Clock
 }
 
 // Agent keeps one node registered with every meta server of a Client: it
@@ -29,7 +29,7 @@ type AgentConfig struct {
 type Agent struct {
 	c     *Client
 	cfg   AgentConfig
-	clock link.Clock
+	clock clock.Clock
 
 	mu   sync.Mutex // guards info and per
 	info NodeInfo
@@ -196,7 +196,7 @@ func (a *Agent) run(i int) {
 		a.maintain(a.ctx, i) // a server that was down at Register
 	}
 	period := a.period(i)
-	t := newTicker(a.clock, period)
+	t := clock.NewTicker(a.clock, period)
 	defer func() { t.Stop() }()
 	for {
 		select {
@@ -208,7 +208,7 @@ func (a *Agent) run(i int) {
 		if p := a.period(i); p != period {
 			t.Stop()
 			period = p
-			t = newTicker(a.clock, period)
+			t = clock.NewTicker(a.clock, period)
 		}
 	}
 }

@@ -12,8 +12,8 @@ import (
 
 	"github.com/dgraph-io/ristretto/v2"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
-	"github.com/krfs/krfs/verbs/softnic/link"
 )
 
 // Client defaults.
@@ -61,7 +61,7 @@ type ClientConfig struct {
 	QPRetryCnt int
 	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
 	// nil is the system clock.
-	Clock link.Clock
+	Clock clock.Clock
 }
 
 func (c *ClientConfig) fill() error {
@@ -90,7 +90,7 @@ func (c *ClientConfig) fill() error {
 		c.RetryInterval = DefaultRetryInterval
 	}
 	if c.Clock == nil {
-		c.Clock = link.SystemClock{}
+		c.Clock = clock.System{}
 	}
 	if c.Depth < 1 || c.Depth > maxSlots {
 		return fmt.Errorf("meta: Depth %d: want 1..%d", c.Depth, maxSlots)
@@ -116,7 +116,7 @@ type ClientStats struct {
 type Client struct {
 	dev   verbs.Device
 	cfg   ClientConfig
-	clock link.Clock
+	clock clock.Clock
 	pd    verbs.PD
 
 	servers []*server // one per configured address; the slice never changes
@@ -127,7 +127,7 @@ type Client struct {
 	// no invalidation happened meanwhile.
 	inval atomic.Uint64
 
-	tick   *ticker
+	tick   *clock.Ticker
 	ctx    context.Context // ends at Close; bounds background work
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -216,7 +216,7 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 		c.Close()
 		return nil, fmt.Errorf("%w: %w", ErrUnreachable, errors.Join(errs...))
 	}
-	c.tick = newTicker(c.clock, cfg.RetryInterval)
+	c.tick = clock.NewTicker(c.clock, cfg.RetryInterval)
 	c.wg.Add(1)
 	go c.maintain()
 	return c, nil

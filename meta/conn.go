@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -273,7 +274,7 @@ func (cn *conn) deadErr() error {
 // wait waits until the op in slot finishes, polling the CQ meanwhile. On
 // a timeout or a cancelled ctx it abandons the op and returns the error;
 // the slot is then no longer the caller's.
-func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan time.Time) (abandoned bool, err error) {
+func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan struct{}) (abandoned bool, err error) {
 	o := &cn.ops[slot]
 	for {
 		cn.pollMu.Lock()
@@ -488,7 +489,9 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 // in progress.
 const maxTornRetries = 100
 
-// backoff waits a little before reading a changing entry again.
+// backoff waits a little before reading a changing entry again. The pause
+// is real time on purpose: it only spaces out READs of an entry a writer
+// is changing (a spin, not a timeout), so a manual clock must not stall it.
 func backoff(try int) {
 	if try < 4 {
 		return
@@ -538,9 +541,9 @@ func (cn *conn) call(ctx context.Context, m message) (message, error) {
 		cn.abandon(slot, seq)
 		return message{}, nil
 	}
-	t := time.NewTimer(cn.cl.cfg.RPCTimeout)
-	abandoned, err := cn.wait(ctx, slot, seq, t.C)
-	t.Stop()
+	timeout, stop := clock.After(cn.cl.clock, cn.cl.cfg.RPCTimeout)
+	abandoned, err := cn.wait(ctx, slot, seq, timeout)
+	stop()
 	if err != nil {
 		if !abandoned {
 			cn.finish(slot)

@@ -146,7 +146,7 @@
 // start makes a new Agent with a new random incarnation (or the node
 // chooses it), so peers holding the old one see a different entry. A gid
 // of 0 asks the server to assign one (from FirstAssignedGID up). Lease
-// time comes from an injected link.Clock (ServerConfig.Clock,
+// time comes from an injected clock.Clock (ServerConfig.Clock,
 // ClientConfig.Clock), so tests drive it by hand.
 //
 // # Meta server restart

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 	"github.com/krfs/krfs/verbs/softnic/wire"
@@ -367,7 +368,9 @@ func TestTenThousandNodes(t *testing.T) {
 	clk := softnictest.NewManualClock(time.Time{}) // leases never run out
 	srv := startServer(t, f.device(), ServerConfig{Clock: clk})
 	const nodes = 10000
-	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1}
+	// The clients run on the manual clock too: their RPC timeouts never
+	// expire, however long a busy machine keeps the server from answering.
+	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1, Clock: clk}
 	inc := func(g uint32) uint64 { return uint64(g)*1000 + 1 }
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -463,9 +466,9 @@ func rawCall(ctx context.Context, cn *conn, b []byte) (message, error) {
 	if err := cn.qp.PostSend([]verbs.SendWR{{ID: wrID(slot, seq), Op: verbs.OpSend, Flags: verbs.Inline, InlineData: b}}); err != nil {
 		return message{}, err
 	}
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	if abandoned, err := cn.wait(ctx, slot, seq, t.C); err != nil {
+	timeout, stop := clock.After(cn.cl.clock, time.Second)
+	defer stop()
+	if abandoned, err := cn.wait(ctx, slot, seq, timeout); err != nil {
 		if !abandoned {
 			cn.finish(slot)
 		}

@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
-	"github.com/krfs/krfs/verbs/softnic/link"
 )
 
 // Server defaults.
@@ -66,7 +66,7 @@ type ServerConfig struct {
 	RecvDepth int
 	// Clock drives leases, sweeps and idle reclaim; nil is the system
 	// clock.
-	Clock link.Clock
+	Clock clock.Clock
 }
 
 func (c *ServerConfig) fill() error {
@@ -104,7 +104,7 @@ func (c *ServerConfig) fill() error {
 		c.RecvDepth = DefaultRecvDepth
 	}
 	if c.Clock == nil {
-		c.Clock = link.SystemClock{}
+		c.Clock = clock.System{}
 	}
 	switch {
 	case c.MinLease <= 0 || c.MinLease > c.Lease || c.Lease > c.MaxLease:
@@ -143,7 +143,7 @@ type ServerStats struct {
 type Server struct {
 	dev   verbs.Device
 	cfg   ServerConfig
-	clock link.Clock
+	clock clock.Clock
 	geom  tableGeom
 	boot  Bootstrap
 	bootP []byte // boot.marshal(), the CM reply
@@ -181,7 +181,7 @@ type Server struct {
 	replies  []outReply
 	arena    []byte
 
-	sweeper *ticker
+	sweeper *clock.Ticker
 	done    chan struct{}
 	wg      sync.WaitGroup
 	once    sync.Once
@@ -239,7 +239,7 @@ func NewServer(dev verbs.Device, cfg ServerConfig) (*Server, error) {
 		s.release()
 		return nil, err
 	}
-	s.sweeper = newTicker(s.clock, s.cfg.SweepInterval)
+	s.sweeper = clock.NewTicker(s.clock, s.cfg.SweepInterval)
 	s.wg.Add(1)
 	go s.loop()
 	return s, nil

@@ -1,10 +1,10 @@
 package qpcore
 
 import (
-	"context"
 	"fmt"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/verbs"
 )
@@ -140,7 +140,7 @@ func (n *Node) rcDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 		// An RC QP in ERR needs a new handshake: drop it, fall back to DC.
 		p.rc = nil
 		p.setRCLocked(rcNone)
-		p.rcRetryAt = time.Now().Add(n.cfg.RCIdle)
+		p.rcRetryAt = n.clock.Now().Add(n.cfg.RCIdle)
 		e.destroy = append(e.destroy, c)
 		n.stats.rcErrors.Add(1)
 		n.stats.rcFallbacks.Add(1)
@@ -244,7 +244,7 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		n.requeueLocked(p, ops)
 	case failRNR:
 		c := failed[ci]
-		if !c.o.deadline.IsZero() && time.Now().After(c.o.deadline) {
+		if !c.o.deadline.IsZero() && n.clock.Now().After(c.o.deadline) {
 			n.finishLocked(p, c.o, ErrReceiverBusy, e)
 			for i, f := range failed {
 				if i != ci {
@@ -329,7 +329,7 @@ func (n *Node) relookup(p *peer) {
 	// peer registered again: for a stale NAK, keep asking (with backoff)
 	// for up to PeerTimeout. A silent peer already cost PeerTimeout: one
 	// look.
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.PeerTimeout)
+	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
 	defer cancel()
 	var info meta.NodeInfo
 	var err error
@@ -340,11 +340,13 @@ func (n *Node) relookup(p *peer) {
 		if !stale || !fresh || err != nil || info != cur {
 			break
 		}
+		pause, stop := clock.After(n.clock, wait)
 		select {
-		case <-time.After(wait):
+		case <-pause:
 			continue
 		case <-ctx.Done():
 		}
+		stop()
 		break
 	}
 	e := newEffects()
@@ -385,7 +387,7 @@ func (n *Node) relookup(p *peer) {
 	if !retry && down {
 		// Everything else queued for the silent peer would only wait for
 		// the same timeout again.
-		p.downUntil = time.Now().Add(n.cfg.PeerTimeout)
+		p.downUntil = n.clock.Now().Add(n.cfg.PeerTimeout)
 		for _, o := range p.dcq.take() {
 			n.finishLocked(p, o, n.downErr(p, err), e)
 		}

@@ -3,6 +3,7 @@ package qpcore
 import (
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/dct"
 )
 
@@ -105,6 +106,13 @@ type Config struct {
 
 	// Tick is the housekeeping period (RC idle checks, passive QP reclaim).
 	Tick time.Duration
+
+	// Clock is the source of every time read, timer and timeout of the
+	// node (RC hot/idle windows, peer timeouts, message deadlines, RNR
+	// back-off, housekeeping); nil is the system clock. Tests pass a
+	// manual clock (softnictest.ManualClock) so that nothing depends on
+	// how busy the machine is.
+	Clock clock.Clock
 }
 
 func (c *Config) setDefaults() {
@@ -136,5 +144,6 @@ func (c *Config) setDefaults() {
 	defd(&c.MsgTimeout, DefaultMsgTimeout)
 	def(&c.MemCacheMax, DefaultMemCacheMax)
 	defd(&c.Tick, DefaultTick)
+	c.Clock = clock.OrSystem(c.Clock)
 	c.MaxRegions = min(c.MaxRegions, maxDirRecords)
 }

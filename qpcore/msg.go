@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -439,8 +439,8 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 	if err := n.sendSmall(ctx, p, &h, nil); err != nil {
 		return err
 	}
-	t := time.NewTimer(n.cfg.MsgTimeout)
-	defer t.Stop()
+	timeout, stop := clock.After(n.clock, n.cfg.MsgTimeout)
+	defer stop()
 	select {
 	case st := <-ch:
 		switch st {
@@ -455,7 +455,7 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 		}
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-timeout:
 		return fmt.Errorf("%w: receiver did not pull the message within %v", ErrTimeout, n.cfg.MsgTimeout)
 	}
 }
@@ -473,7 +473,7 @@ func (n *Node) sendSmall(ctx context.Context, p *peer, h *msgHdr, payload []byte
 	o := newOp()
 	o.v, o.p, o.code, o.sys = p.sys, p, opSend, true
 	o.local, o.lmr = b.buf[:msgHdrLen+len(payload)], b.mr
-	o.deadline = time.Now().Add(n.cfg.MsgTimeout)
+	o.deadline = n.clock.Now().Add(n.cfg.MsgTimeout)
 	o.done = make(chan struct{}, 1)
 	if err := n.postSys(p, o); err != nil {
 		return err
@@ -518,7 +518,7 @@ func (n *Node) pull(ctx context.Context, im *inMsg, dst []byte) error {
 
 // sendFIN tells a rendezvous sender the outcome (goroutine).
 func (n *Node) sendFIN(gid uint32, token uint64, status uint8) {
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.PeerTimeout)
+	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
 	defer cancel()
 	p, err := n.peerRef(ctx, gid)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/dct"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/verbs"
@@ -20,6 +21,7 @@ import (
 // ports. Its methods may be called concurrently.
 type Node struct {
 	cfg         Config
+	clock       clock.Clock // cfg.Clock
 	dev         verbs.Device
 	res         Resolver
 	pd          verbs.PD
@@ -78,7 +80,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("%w: NewNode needs a device and a resolver", verbs.ErrInvalidArg)
 	}
 	cfg.setDefaults()
-	n := &Node{cfg: cfg, dev: dev, res: res, peers: make(map[uint32]*peer),
+	n := &Node{cfg: cfg, clock: cfg.Clock, dev: dev, res: res, peers: make(map[uint32]*peer),
 		passive: make(map[verbs.QP]*passiveRC), stop: make(chan struct{})}
 	n.ops.m = make(map[uint64]*op)
 	n.incarnation = cfg.Incarnation
@@ -307,7 +309,7 @@ func (n *Node) isClosed() bool {
 // for and does the housekeeping.
 func (n *Node) run() {
 	defer n.wg.Done()
-	tick := time.NewTicker(n.cfg.Tick)
+	tick := clock.NewTicker(n.clock, n.cfg.Tick)
 	defer tick.Stop()
 	for {
 		select {
@@ -324,7 +326,7 @@ func (n *Node) run() {
 }
 
 func (n *Node) housekeep() {
-	now := time.Now()
+	now := n.clock.Now()
 	n.rcMu.Lock()
 	var idle []*rcConn
 	for _, c := range n.rcConns {

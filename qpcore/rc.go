@@ -1,12 +1,12 @@
 package qpcore
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"slices"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -36,7 +36,7 @@ func (n *Node) connectRC(p *peer) {
 		if p.rcPhase == rcConnecting {
 			p.setRCLocked(rcNone)
 		}
-		p.rcRetryAt = time.Now().Add(n.cfg.RCWindow)
+		p.rcRetryAt = n.clock.Now().Add(n.cfg.RCWindow)
 		p.mu.Unlock()
 		if q != nil {
 			q.Destroy()
@@ -61,7 +61,7 @@ func (n *Node) connectRC(p *peer) {
 	p.mu.Lock()
 	info := p.info
 	p.mu.Unlock()
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.PeerTimeout)
+	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
 	_, err = n.dev.ConnectRC(ctx, q, info.Addr, rcService, verbs.ConnParams{
 		Timeout: n.ackTimeout, RetryCnt: 7, RNRRetry: 6,
 		Private: encodeRCPrivate(n.gid.Load(), info.Incarnation)})
@@ -72,7 +72,7 @@ func (n *Node) connectRC(p *peer) {
 		return
 	}
 	c := &rcConn{p: p, qp: q}
-	c.lastUsed.Store(time.Now().UnixNano())
+	c.lastUsed.Store(n.clock.Now().UnixNano())
 	e := newEffects()
 	p.mu.Lock()
 	if p.closed || p.rcPhase != rcConnecting || p.info.Incarnation != info.Incarnation {
@@ -103,7 +103,7 @@ func (n *Node) reserveRC() bool {
 		n.rcMu.Unlock()
 		return true
 	}
-	cutoff := time.Now().Add(-n.cfg.RCWindow).UnixNano()
+	cutoff := n.clock.Now().Add(-n.cfg.RCWindow).UnixNano()
 	var victim *rcConn
 	for _, c := range n.rcConns {
 		if t := c.lastUsed.Load(); t < cutoff && (victim == nil || t < victim.lastUsed.Load()) {
@@ -186,7 +186,7 @@ func (n *Node) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	now := time.Now()
+	now := n.clock.Now()
 	n.passive[q] = &passiveRC{since: now, lastAt: now}
 	n.stats.rcAccepted.Add(1)
 	return q, nil, nil

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -80,7 +81,9 @@ func (n *Node) apply(e *effects) {
 		case len(e.rnr) > 0:
 			p := e.rnr[len(e.rnr)-1]
 			e.rnr = e.rnr[:len(e.rnr)-1]
-			time.AfterFunc(rnrBackoff, func() { n.resumeRNR(p) })
+			// The resume runs in its own goroutine whatever the clock: a
+			// manual clock calls timers on the goroutine that moves time.
+			n.clock.AfterFunc(rnrBackoff, func() { go n.resumeRNR(p) })
 		default:
 			clear(e.batch[:cap(e.batch)])
 			clear(e.posting[:cap(e.posting)])
@@ -147,7 +150,7 @@ func (n *Node) usableLocked(p *peer) error {
 	if p.closed {
 		return ErrClosed
 	}
-	if !p.downUntil.IsZero() && time.Now().Before(p.downUntil) {
+	if !p.downUntil.IsZero() && n.clock.Now().Before(p.downUntil) {
 		return fmt.Errorf("%w: gid %d did not answer within %v", ErrPeerUnreachable, p.gid, n.cfg.PeerTimeout)
 	}
 	return nil
@@ -169,7 +172,7 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 	o.done = make(chan struct{}, 1)
 	e := newEffects()
 	n.enqueueLocked(p, v, o)
-	n.noteTrafficLocked(p, v, time.Now(), 1, e)
+	n.noteTrafficLocked(p, v, n.clock.Now(), 1, e)
 	if n.cfg.NoCoalesce || !n.inFlightLocked(p) {
 		n.kickLocked(p, e)
 	} else {
@@ -207,7 +210,7 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 		n.enqueueLocked(p, v, o)
 		k++
 	}
-	n.noteTrafficLocked(p, v, time.Now(), k, e)
+	n.noteTrafficLocked(p, v, n.clock.Now(), k, e)
 	n.kickLocked(p, e)
 	p.mu.Unlock()
 	n.apply(e)
@@ -481,7 +484,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 		n.stats.opsDC.Add(uint64(k))
 	} else {
 		p.rc.out += k
-		p.rc.lastUsed.Store(time.Now().UnixNano())
+		p.rc.lastUsed.Store(n.clock.Now().UnixNano())
 		n.stats.opsRC.Add(uint64(k))
 	}
 }
@@ -662,7 +665,7 @@ func (n *Node) regionLocked(ctx context.Context, p *peer, name string) (Region, 
 		return Region{}, err
 	}
 	r, ok := p.dir[name]
-	if !ok && time.Since(p.dirAt) > dirRefreshMin {
+	if !ok && clock.Since(n.clock, p.dirAt) > dirRefreshMin {
 		p.dirValid = false
 		if err := n.ensureDirLocked(ctx, p); err != nil {
 			return Region{}, err
@@ -780,7 +783,7 @@ func (n *Node) dirDoneLocked(p *peer, regions map[string]Region, err error) {
 		p.dirErr = err
 		p.dirValid = false
 	} else {
-		p.dir, p.dirValid, p.dirAt, p.dirErr = regions, true, time.Now(), nil
+		p.dir, p.dirValid, p.dirAt, p.dirErr = regions, true, n.clock.Now(), nil
 	}
 	if p.dirWait != nil {
 		close(p.dirWait)

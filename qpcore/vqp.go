@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/meta"
 )
 
@@ -309,6 +310,8 @@ func (v *VQP) admitUpTo(ctx context.Context, k int, block bool) (int, error) {
 }
 
 func (v *VQP) waitSpace(ctx context.Context) error {
+	recheck, stop := clock.After(v.n.clock, 10*time.Millisecond)
+	defer stop()
 	select {
 	case <-v.space:
 		return nil
@@ -317,7 +320,7 @@ func (v *VQP) waitSpace(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(10 * time.Millisecond):
+	case <-recheck:
 		return nil // re-check (a Poll by another goroutine may have made room)
 	}
 }

@@ -35,7 +35,8 @@ package link
 
 import (
 	"net/netip"
-	"time"
+
+	"github.com/krfs/krfs/clock"
 )
 
 // Packet is one datagram to send: Hdr followed by Payload. The link does
@@ -97,24 +98,12 @@ type Receiver interface {
 	Deliver(from netip.AddrPort, hdr []byte, payload []byte)
 }
 
-// Clock is the time source of the softnic engine.
-type Clock interface {
-	Now() time.Time
-	// AfterFunc calls f in its own goroutine after d.
-	AfterFunc(d time.Duration, f func()) Timer
-}
+// Clock is the time source of the softnic engine: the module's clock.Clock
+// (an alias, so that links, devices and the layers above share one type).
+type Clock = clock.Clock
 
 // Timer is a stoppable timer from a Clock.
-type Timer interface {
-	// Stop prevents the call if it has not started; it reports whether it
-	// did.
-	Stop() bool
-}
+type Timer = clock.Timer
 
 // SystemClock is the real clock.
-type SystemClock struct{}
-
-func (SystemClock) Now() time.Time { return time.Now() }
-func (SystemClock) AfterFunc(d time.Duration, f func()) Timer {
-	return time.AfterFunc(d, f)
-}
+type SystemClock = clock.System

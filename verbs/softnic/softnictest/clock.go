@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs/softnic/link"
 )
 
@@ -13,7 +14,7 @@ import (
 // runs are identical from one run to the next.
 var Epoch = time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
 
-// ManualClock is a link.Clock whose time moves only when the test calls
+// ManualClock is a clock.Clock whose time moves only when the test calls
 // Advance or RunNext.
 //
 // Timer callbacks do NOT run in their own goroutines, unlike
@@ -41,7 +42,7 @@ type ManualClock struct {
 	nets   []*Network // networks whose deliveries are clock events; replaced, never mutated in place
 }
 
-var _ link.Clock = (*ManualClock)(nil)
+var _ clock.Clock = (*ManualClock)(nil)
 
 // NewManualClock returns a manual clock reading start, or Epoch if start
 // is the zero time.
