@@ -124,7 +124,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if n.dir, err = newRegionDir(n.pd, cfg.MaxRegions, n.incarnation, sync); err != nil {
 		return nil, err
 	}
-	n.mem = newMemCache(n.pd, cfg.MemCacheMax)
+	n.mem = newMemCache(n.pd, cfg.MemCacheMax, cfg.MemCacheSize)
 	n.sinks.pd = n.pd
 	if err = n.msg.init(n); err != nil {
 		return nil, err
