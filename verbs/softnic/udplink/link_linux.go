@@ -48,6 +48,17 @@ type Link struct {
 
 	pmtu pmtuCache
 
+	// Receiving (see drive_linux.go). r and rx are set by Start; rx is used
+	// only by the holder of the receive token.
+	r           link.Receiver
+	rx          *rxState
+	tok         rxToken
+	kickAddr    netip.AddrPort
+	inRecv      atomic.Bool   // a driver is (about to be) blocked in recvmsg
+	kickPending atomic.Bool   // a Wake datagram is on its way
+	wakeGen     atomic.Uint64 // bumped by every Wake
+	drivers     atomic.Int32  // drivers holding the token (0 or 1)
+
 	c counters
 }
 
@@ -61,7 +72,7 @@ type counters struct {
 	truncated, rxBatches, rxSteered            atomic.Uint64
 	rxReassembled, rxMalformed                 atomic.Uint64
 	_                                          [64]byte
-	pmtuProbes, tooBig                         atomic.Uint64
+	pmtuProbes, tooBig, kicks                  atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -72,6 +83,7 @@ func Open(cfg Config) (*Link, error) {
 		return nil, err
 	}
 	l := &Link{fd: -1}
+	l.tok.bgWake = make(chan struct{}, 1)
 	l.pmtu.probeFd = -1
 	family := unix.AF_INET
 	if ap.Addr().Is6() {
@@ -132,6 +144,7 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 		l.local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
 	l.maxDatagram = maxDatagramFor(ap.Addr())
+	l.kickAddr = kickAddrFor(l.local)
 	if err := l.setupPMTU(fd); err != nil {
 		return fmt.Errorf("udplink: path MTU discovery on %s: %w", ap, err)
 	}
@@ -203,7 +216,9 @@ func (l *Link) Start(r link.Receiver) {
 		return
 	}
 	l.rxDone = make(chan struct{})
-	go l.rxLoop(r, newRxState(l.fd))
+	l.r = r
+	l.rx = newRxState(l.fd)
+	go l.rxLoop(r, l.rx)
 }
 
 // Close stops delivery, waits for the receive goroutine and for running
@@ -228,6 +243,10 @@ func (l *Link) close() error {
 	l.mu.Unlock()
 
 	l.closing.Store(true)
+	select { // a receive goroutine parked for the token looks at closing
+	case l.tok.bgWake <- struct{}{}:
+	default:
+	}
 	// ENOTCONN is expected on an unconnected socket; the flags are set and
 	// the waiters woken anyway (see "Closing" in the package doc). No other
 	// error is possible on a valid UDP socket; report one if it happens.
@@ -282,6 +301,7 @@ func (l *Link) Counters() Counters {
 		RxMalformed:   c.rxMalformed.Load(),
 		PMTUProbes:    c.pmtuProbes.Load(),
 		TooBig:        c.tooBig.Load(),
+		Kicks:         c.kicks.Load(),
 		TxGSOMessages: c.txGSOMessages.Load(),
 		TxDrops:       c.txDrops.Load(),
 		GSOFallbacks:  c.gsoFallbacks.Load(),

@@ -51,45 +51,121 @@ func newRxState(fd int) *rxState {
 	return rx
 }
 
-// rxLoop is the receive goroutine.
+// rxResult is what one receive attempt did.
+type rxResult int
+
+const (
+	rxGot     rxResult = iota // a datagram was delivered (or counted and dropped)
+	rxAgain                   // nothing to receive (MSG_DONTWAIT), EINTR, a kick, or a transient error
+	rxClosing                 // the link is closing
+)
+
+// recvOne receives and delivers one datagram. flags is 0 (block) or
+// MSG_DONTWAIT. The caller holds the receive token.
+func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int) rxResult {
+	total, gso, errno := rx.peek(flags)
+	l.c.rxSyscalls.Add(1)
+	if l.closing.Load() {
+		return rxClosing
+	}
+	switch errno {
+	case 0:
+	case unix.EINTR, unix.EAGAIN:
+		return rxAgain
+	case unix.EBADF:
+		return rxClosing // cannot happen while Close waits for us; do not spin
+	default:
+		// Unexpected (ENOMEM, a stray socket error): count it, and do
+		// not spin on it if it persists.
+		l.c.rxErrors.Add(1)
+		time.Sleep(time.Millisecond)
+		return rxAgain
+	}
+	if total == 0 {
+		if rx.peekMsg.Namelen == 0 {
+			// shutdown: recvmsg returns 0 without a source address (an
+			// empty datagram has one).
+			return rxClosing
+		}
+		if l.isKick(addrPortFromRaw(&rx.from, rx.peekMsg.Namelen)) {
+			rx.consume(0)
+			l.c.rxSyscalls.Add(1)
+			l.kickPending.Store(false)
+			l.c.kicks.Add(1)
+			return rxAgain
+		}
+	}
+	l.receive(r, rx, total, gso)
+	return rxGot
+}
+
+// rxLoop is the link's receive goroutine. It receives only while nobody
+// drives: it waits for data with poll, which does not take the datagram,
+// takes the receive token if it is free, receives what is queued without
+// blocking, and gives the token back (see "Run to completion" in the
+// package doc).
 func (l *Link) rxLoop(r link.Receiver, rx *rxState) {
 	defer close(l.rxDone)
+	t := &l.tok
 	for {
-		total, gso, errno := rx.peek()
-		l.c.rxSyscalls.Add(1)
+		t.mu.Lock()
+		for t.holder != tokFree && !l.closing.Load() {
+			t.bgParked = true
+			t.mu.Unlock()
+			<-t.bgWake
+			t.mu.Lock()
+		}
+		t.mu.Unlock()
 		if l.closing.Load() {
 			return
 		}
-		switch errno {
-		case 0:
-		case unix.EINTR, unix.EAGAIN:
-			continue
-		case unix.EBADF:
-			return // cannot happen while Close waits for us; do not spin
-		default:
-			// Unexpected (ENOMEM, a stray socket error): count it, and do
-			// not spin on it if it persists.
-			l.c.rxErrors.Add(1)
-			time.Sleep(time.Millisecond)
-			continue
-		}
-		if total == 0 && rx.peekMsg.Namelen == 0 {
-			// shutdown: recvmsg returns 0 without a source address (an
-			// empty datagram has one).
+		if !l.pollIn(rx.fd) {
 			return
 		}
-		l.receive(r, rx, total, gso)
+		t.mu.Lock()
+		if t.holder != tokFree {
+			t.mu.Unlock()
+			continue // a driver took it and receives the datagram itself
+		}
+		t.holder = tokLink
+		t.mu.Unlock()
+		res := rxGot
+		for i := 0; i < 64 && res == rxGot && t.nwait.Load() == 0; i++ {
+			res = l.recvOne(r, rx, unix.MSG_DONTWAIT)
+		}
+		l.releaseToken()
+		if res == rxClosing {
+			return
+		}
+	}
+}
+
+// pollIn waits until the socket is readable (or shut down). It reports
+// false when the link is closing.
+func (l *Link) pollIn(fd int) bool {
+	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, 0, 0, 0, 0)
+		l.c.rxSyscalls.Add(1)
+		if l.closing.Load() {
+			return false
+		}
+		if e == 0 || e == unix.EINTR {
+			return true
+		}
+		l.c.rxErrors.Add(1)
+		time.Sleep(time.Millisecond)
 	}
 }
 
 // peek reads the head of the next datagram without consuming it and
 // returns its total length and its GRO segment size (0 if not a batch).
-func (rx *rxState) peek() (total, gso int, errno unix.Errno) {
+func (rx *rxState) peek(flags int) (total, gso int, errno unix.Errno) {
 	rx.peekMsg.Namelen = unix.SizeofSockaddrAny
 	rx.peekMsg.SetControllen(len(rx.ctrl) * 8)
 	rx.peekMsg.Flags = 0
 	n, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(rx.fd),
-		uintptr(unsafe.Pointer(&rx.peekMsg)), unix.MSG_PEEK|unix.MSG_TRUNC)
+		uintptr(unsafe.Pointer(&rx.peekMsg)), uintptr(unix.MSG_PEEK|unix.MSG_TRUNC|flags))
 	if e != 0 {
 		return 0, 0, e
 	}
