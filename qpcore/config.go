@@ -109,6 +109,11 @@ type Config struct {
 	MemCacheMax  int
 	MemCacheSize int
 
+	// NoDrive makes synchronous callers sleep until the dispatcher
+	// delivers their completion instead of receiving on their own
+	// goroutine (see verbs.DrivenCQ); for comparison and debugging.
+	NoDrive bool
+
 	// Tick is the housekeeping period (RC idle checks, passive QP reclaim).
 	Tick time.Duration
 
