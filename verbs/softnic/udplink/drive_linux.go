@@ -23,12 +23,11 @@ const (
 // rxToken decides who may receive. See "Run to completion" in the package
 // doc.
 type rxToken struct {
-	mu       sync.Mutex // guards the fields below except nwait
-	holder   int
-	waiters  []*driveWaiter // Drive callers waiting for the token, oldest first
-	bgParked bool           // the receive goroutine waits on bgWake for the token to be free
-	bgWake   chan struct{}  // cap 1
-	nwait    atomic.Int32   // len(waiters), readable without mu
+	mu      sync.Mutex // guards the fields below except nwait
+	holder  int
+	waiters []*driveWaiter // Drive callers waiting for the token, oldest first
+	armed   bool           // the socket is in the receive goroutine's epoll set (it is, unless a driver holds the token)
+	nwait   atomic.Int32   // len(waiters), readable without mu
 }
 
 // driveWaiter is a Drive caller waiting for the token.
@@ -40,10 +39,16 @@ type driveWaiter struct {
 var waiterPool = sync.Pool{New: func() any { return &driveWaiter{ch: make(chan struct{}, 1)} }}
 
 // releaseToken passes the token to the oldest waiting driver, or frees it
-// and lets the receive goroutine wait for data again.
+// (the receive goroutine's epoll reports whatever arrives from now on).
 func (l *Link) releaseToken() {
 	t := &l.tok
 	t.mu.Lock()
+	l.releaseLocked()
+}
+
+// releaseLocked is releaseToken with tok.mu held; it unlocks it.
+func (l *Link) releaseLocked() {
+	t := &l.tok
 	if len(t.waiters) > 0 {
 		w := t.waiters[0]
 		copy(t.waiters, t.waiters[1:])
@@ -56,16 +61,33 @@ func (l *Link) releaseToken() {
 		w.ch <- struct{}{}
 		return
 	}
-	t.holder = tokFree
-	wake := t.bgParked
-	t.bgParked = false
-	t.mu.Unlock()
-	if wake {
-		select {
-		case t.bgWake <- struct{}{}:
-		default: // Close already woke it
-		}
+	if t.holder == tokDriver {
+		// Whatever arrived since the driver's last receive, and anything
+		// later, wakes the receive goroutine.
+		l.armLocked(true)
 	}
+	t.holder = tokFree
+	t.mu.Unlock()
+}
+
+// armLocked adds the socket to (on) or removes it from the receive
+// goroutine's epoll interest. Adding it reports data already queued. While
+// a driver holds the token, arrivals would only wake the receive goroutine
+// for nothing (the driver receives them), so the socket is removed.
+func (l *Link) armLocked(on bool) {
+	t := &l.tok
+	if t.armed == on || l.epfd < 0 {
+		return
+	}
+	ev := unix.EpollEvent{Fd: int32(l.fd)}
+	if on {
+		ev.Events = unix.EPOLLIN | unix.EPOLLRDHUP | (unix.EPOLLET & 0xffffffff)
+	}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, l.fd, &ev); err != nil {
+		l.c.rxErrors.Add(1)
+		return
+	}
+	t.armed = on
 }
 
 // Drive implements link.Driver.
@@ -81,6 +103,7 @@ func (l *Link) Drive(done, wake <-chan struct{}, ready func() bool) error {
 		t.mu.Lock()
 		if t.holder == tokFree {
 			t.holder = tokDriver
+			l.armLocked(false)
 			t.mu.Unlock()
 			return l.hold(done, ready)
 		}
@@ -88,6 +111,9 @@ func (l *Link) Drive(done, wake <-chan struct{}, ready func() bool) error {
 		t.waiters = append(t.waiters, w)
 		t.nwait.Add(1)
 		t.mu.Unlock()
+		if l.bgInRecv.Load() {
+			l.kick() // the receive goroutine blocks in recvmsg: make it hand over
+		}
 		// Look again now that a release will see us: whatever made ready
 		// true before this point is seen here, anything later wakes us.
 		if !ready() {
@@ -133,17 +159,22 @@ func (l *Link) Drive(done, wake <-chan struct{}, ready func() bool) error {
 
 // hold receives on the caller's goroutine while it holds the token, until
 // ready, done or Close; then it passes the token on.
-func (l *Link) hold(done <-chan struct{}, ready func() bool) (err error) {
-	defer l.releaseToken()
+func (l *Link) hold(done <-chan struct{}, ready func() bool) error {
 	if !l.fdMu.TryRLock() {
+		l.releaseToken()
 		return ErrClosed // Close is waiting for the descriptor
 	}
-	defer l.fdMu.RUnlock()
+	l.driveSeq.Add(1)
+	err := l.holdLocked(done, ready)
+	l.releaseDriver()
+	l.fdMu.RUnlock()
+	return err
+}
+
+func (l *Link) holdLocked(done <-chan struct{}, ready func() bool) error {
 	if l.fd < 0 || l.closing.Load() {
 		return ErrClosed
 	}
-	l.drivers.Add(1)
-	defer l.drivers.Add(-1)
 	rx := l.rx
 	for {
 		gen := l.wakeGen.Load()
@@ -165,7 +196,7 @@ func (l *Link) hold(done <-chan struct{}, ready func() bool) (err error) {
 			l.inRecv.Store(false)
 			continue
 		}
-		res := l.recvOne(l.r, rx, 0)
+		res := l.recvOne(l.r, rx, 0, &l.inRecv)
 		l.inRecv.Store(false)
 		if res == rxClosing {
 			return ErrClosed
@@ -173,10 +204,21 @@ func (l *Link) hold(done <-chan struct{}, ready func() bool) (err error) {
 	}
 }
 
+// releaseDriver gives the token up after a Drive.
+func (l *Link) releaseDriver() { l.releaseToken() }
+
 // Wake implements link.Driver.
 func (l *Link) Wake() {
 	l.wakeGen.Add(1)
-	if !l.inRecv.Load() || !l.kickPending.CompareAndSwap(false, true) {
+	if l.inRecv.Load() {
+		l.kick()
+	}
+}
+
+// kick sends the link an empty datagram, which makes whoever blocks in
+// recvmsg return (and is then dropped). One is in flight at a time.
+func (l *Link) kick() {
+	if !l.kickPending.CompareAndSwap(false, true) {
 		return
 	}
 	if !l.fdMu.TryRLock() {

@@ -57,7 +57,9 @@ type Link struct {
 	inRecv      atomic.Bool   // a driver is (about to be) blocked in recvmsg
 	kickPending atomic.Bool   // a Wake datagram is on its way
 	wakeGen     atomic.Uint64 // bumped by every Wake
-	drivers     atomic.Int32  // drivers holding the token (0 or 1)
+	bgInRecv    atomic.Bool   // the receive goroutine is (about to be) blocked in recvmsg
+	driveSeq    atomic.Uint64 // bumped by every Drive that took the token
+	epfd        int           // edge-triggered epoll on fd for the receive goroutine's event mode
 
 	c counters
 }
@@ -83,7 +85,7 @@ func Open(cfg Config) (*Link, error) {
 		return nil, err
 	}
 	l := &Link{fd: -1}
-	l.tok.bgWake = make(chan struct{}, 1)
+	l.epfd = -1
 	l.pmtu.probeFd = -1
 	family := unix.AF_INET
 	if ap.Addr().Is6() {
@@ -98,6 +100,9 @@ func Open(cfg Config) (*Link, error) {
 		unix.Close(fd)
 		if l.pmtu.probeFd >= 0 {
 			unix.Close(l.pmtu.probeFd)
+		}
+		if l.epfd >= 0 {
+			unix.Close(l.epfd)
 		}
 		return nil, err
 	}
@@ -145,6 +150,16 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 	}
 	l.maxDatagram = maxDatagramFor(ap.Addr())
 	l.kickAddr = kickAddrFor(l.local)
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
+	}
+	l.epfd = ep
+	l.tok.armed = true
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | (unix.EPOLLET & 0xffffffff), Fd: int32(fd)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
+	}
 	if err := l.setupPMTU(fd); err != nil {
 		return fmt.Errorf("udplink: path MTU discovery on %s: %w", ap, err)
 	}
@@ -243,10 +258,6 @@ func (l *Link) close() error {
 	l.mu.Unlock()
 
 	l.closing.Store(true)
-	select { // a receive goroutine parked for the token looks at closing
-	case l.tok.bgWake <- struct{}{}:
-	default:
-	}
 	// ENOTCONN is expected on an unconnected socket; the flags are set and
 	// the waiters woken anyway (see "Closing" in the package doc). No other
 	// error is possible on a valid UDP socket; report one if it happens.
@@ -263,6 +274,10 @@ func (l *Link) close() error {
 	l.fdMu.Unlock()
 	if err := unix.Close(fd); err != nil {
 		errs = append(errs, fmt.Errorf("udplink: close %s: %w", l.local, err))
+	}
+	if l.epfd >= 0 {
+		unix.Close(l.epfd)
+		l.epfd = -1
 	}
 	l.pmtu.mu.Lock()
 	if l.pmtu.probeFd >= 0 {

@@ -1,6 +1,7 @@
 package udplink
 
 import (
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -61,9 +62,15 @@ const (
 )
 
 // recvOne receives and delivers one datagram. flags is 0 (block) or
-// MSG_DONTWAIT. The caller holds the receive token.
-func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int) rxResult {
+// MSG_DONTWAIT. The caller holds the receive token. blocked, if not nil,
+// is the flag that says the caller is blocked in recvmsg; it is cleared as
+// soon as the wait is over, before anything is delivered (deliveries may
+// call Wake, which must not kick a receiver that is awake).
+func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.Bool) rxResult {
 	total, gso, errno := rx.peek(flags)
+	if blocked != nil {
+		blocked.Store(false)
+	}
 	l.c.rxSyscalls.Add(1)
 	if l.closing.Load() {
 		return rxClosing
@@ -99,64 +106,93 @@ func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int) rxResult {
 	return rxGot
 }
 
-// rxLoop is the link's receive goroutine. It receives only while nobody
-// drives: it waits for data with poll, which does not take the datagram,
-// takes the receive token if it is free, receives what is queued without
-// blocking, and gives the token back (see "Run to completion" in the
-// package doc).
+// rxLoop is the link's receive goroutine; see "Run to completion" in the
+// package doc. It has two modes. Blocking: it holds the receive token and
+// blocks in recvmsg, as a plain receiver would (a Drive caller that wants
+// the token kicks it out). Event: it leaves receiving to Drive callers and
+// waits for data with an edge-triggered epoll, which does not take the
+// datagram; it receives only what arrives while nobody holds the token.
+// It switches to event mode when a driver appears and back to blocking
+// after receiving unassisted several times in a row.
 func (l *Link) rxLoop(r link.Receiver, rx *rxState) {
 	defer close(l.rxDone)
 	t := &l.tok
-	for {
-		t.mu.Lock()
-		for t.holder != tokFree && !l.closing.Load() {
-			t.bgParked = true
-			t.mu.Unlock()
-			<-t.bgWake
+	blocking := true
+	unassisted := 0
+	lastDrive := l.driveSeq.Load()
+	for !l.closing.Load() {
+		if blocking {
 			t.mu.Lock()
+			if t.holder != tokFree {
+				t.mu.Unlock()
+				blocking = false
+				continue
+			}
+			t.holder = tokLink
+			l.armLocked(true) // for event mode, when we leave this one
+			t.mu.Unlock()
+			// Publish that we block, then look for drivers: a driver
+			// registered before the store is seen here, one after it
+			// sees bgInRecv and kicks.
+			l.bgInRecv.Store(true)
+			res := rxAgain
+			if t.nwait.Load() == 0 {
+				res = l.recvOne(r, rx, 0, &l.bgInRecv)
+			}
+			l.bgInRecv.Store(false)
+			if t.nwait.Load() > 0 {
+				blocking = false
+				unassisted = 0
+			}
+			l.releaseToken()
+			if res == rxClosing {
+				return
+			}
+			continue
 		}
-		t.mu.Unlock()
+		var ev [1]unix.EpollEvent
+		_, err := unix.EpollWait(l.epfd, ev[:], -1)
+		l.c.rxSyscalls.Add(1)
 		if l.closing.Load() {
 			return
 		}
-		if !l.pollIn(rx.fd) {
-			return
+		if err != nil && err != unix.EINTR {
+			l.c.rxErrors.Add(1)
+			time.Sleep(time.Millisecond)
+			continue
 		}
 		t.mu.Lock()
 		if t.holder != tokFree {
+			// A driver took the token meanwhile and receives it; when it
+			// leaves, re-adding the socket reports what is left.
 			t.mu.Unlock()
-			continue // a driver took it and receives the datagram itself
+			continue
 		}
 		t.holder = tokLink
 		t.mu.Unlock()
-		res := rxGot
-		for i := 0; i < 64 && res == rxGot && t.nwait.Load() == 0; i++ {
-			res = l.recvOne(r, rx, unix.MSG_DONTWAIT)
+		got, res := 0, rxGot
+		for got < 64 && t.nwait.Load() == 0 {
+			if res = l.recvOne(r, rx, unix.MSG_DONTWAIT, nil); res != rxGot {
+				break
+			}
+			got++
 		}
 		l.releaseToken()
 		if res == rxClosing {
 			return
 		}
+		if seq := l.driveSeq.Load(); seq != lastDrive {
+			lastDrive, unassisted = seq, 0
+		} else if got > 0 {
+			unassisted++
+			blocking = unassisted >= bgBlockAfter
+		}
 	}
 }
 
-// pollIn waits until the socket is readable (or shut down). It reports
-// false when the link is closing.
-func (l *Link) pollIn(fd int) bool {
-	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	for {
-		_, _, e := unix.Syscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, 0, 0, 0, 0)
-		l.c.rxSyscalls.Add(1)
-		if l.closing.Load() {
-			return false
-		}
-		if e == 0 || e == unix.EINTR {
-			return true
-		}
-		l.c.rxErrors.Add(1)
-		time.Sleep(time.Millisecond)
-	}
-}
+// bgBlockAfter is how many receives in a row the receive goroutine makes
+// with no driver in between before it goes back to blocking in recvmsg.
+const bgBlockAfter = 8
 
 // peek reads the head of the next datagram without consuming it and
 // returns its total length and its GRO segment size (0 if not a batch).
