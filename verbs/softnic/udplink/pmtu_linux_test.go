@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/krfs/krfs/verbs/softnic/internal/vethpair"
+	"github.com/krfs/krfs/internal/vethpair"
 	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
