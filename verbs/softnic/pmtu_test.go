@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/internal/vethpair"
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/udplink"
 )
