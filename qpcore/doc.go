@@ -163,9 +163,16 @@
 // across a device call that waits for that goroutine.
 //
 // A dispatcher goroutine per node processes completions and does the
-// housekeeping (RC idle teardown, passive QP reclaim); goroutines waiting
-// for an operation help by polling the send CQ themselves, saving a
-// wake-up.
+// housekeeping (RC idle teardown, passive QP reclaim). A goroutine waiting
+// for a synchronous operation does not wait for the dispatcher: when the
+// device supports it (verbs.DrivenCQ) it drives, that is it may receive
+// packets for the device on its own goroutine and processes every send
+// completion it finds (its own, other callers', asynchronous ones) until
+// its operation is done; finishing another caller's operation wakes that
+// caller through the operation's channel and the CQ's Wake. While any
+// caller drives, the send CQ does not signal the dispatcher.
+// Config.NoDrive turns this off (callers then poll the send CQ when it
+// signals, and otherwise wait for the dispatcher).
 //
 // # Counters
 //

@@ -93,6 +93,7 @@ func TestVethBench(t *testing.T) {
 		}
 	}
 	lat := make(baseline.Latencies, 0, latN)
+	st0 := dev.Stats()
 	for range latN {
 		t0 := time.Now()
 		if err := v.Read(ctx, buf, "mem", 0); err != nil {
@@ -100,6 +101,9 @@ func TestVethBench(t *testing.T) {
 		}
 		lat = append(lat, time.Since(t0))
 	}
+	st1 := dev.Stats()
+	t.Logf("requester system calls per 8 B READ: %.2f receive, %.2f send",
+		float64(st1.RxSyscalls-st0.RxSyscalls)/latN, float64(st1.TxSyscalls-st0.TxSyscalls)/latN)
 	var ping baseline.Latencies
 	if err := p.Do(0, func() (err error) {
 		ping, err = baseline.Host{Addr: p.AddrA}.UDPPingPongTo(peer.UDP, latN, 8)
