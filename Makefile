@@ -11,6 +11,8 @@
 #   BENCHCOUNT     -count of each benchmark (1)
 #   BENCH_PKGS     packages to benchmark (./...)
 #   TEST_TIMEOUT   -timeout of go test (20m)
+#   STATICCHECK    the staticcheck binary (GOPATH/bin/staticcheck; install it
+#                  with `make tools`, the version .ci/run installs)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -27,12 +29,14 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
 BENCH_PKGS ?= ./...
 TEST_TIMEOUT ?= 20m
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
 # Every package directory holding a Fuzz function, for `make fuzz`.
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck fuzz-short fuzz bench gobench clean demo install
+.PHONY: build test lint vet fmtcheck staticcheck tools fuzz-short fuzz bench gobench clean demo install
 
 build:
 	$(GO) build ./...
@@ -45,10 +49,23 @@ test: lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz-short
 
-lint: vet fmtcheck
+lint: vet fmtcheck staticcheck
 
 vet:
 	$(GO) vet ./...
+
+# staticcheck with its default checks; `make tools` installs the pinned
+# version.
+staticcheck:
+	@if ! [ -x "$(STATICCHECK)" ]; then \
+		echo "staticcheck is not installed: run make tools"; \
+		exit 1; \
+	fi
+	$(STATICCHECK) ./...
+
+# Installs the linters `make lint` runs, at pinned versions.
+tools:
+	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # Fails listing every Go file gofmt would change (testdata and .git excluded).
 fmtcheck:

@@ -22,7 +22,7 @@ type mount struct {
 
 func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc) {
 	// FUSE cancels ctx when the calling process gets a signal; a short
-	// remote operation is not worth abandoning half way (MACHINE.md), so
+	// remote operation is not worth abandoning half way (docs/machine-notes.md), so
 	// only the mount's own timeout bounds it.
 	return context.WithTimeout(context.WithoutCancel(parent), m.o.Timeout)
 }

@@ -216,17 +216,6 @@ func (r *registry) expire(now time.Time) ([]slotWrite, []uint32) {
 	return ws, gone
 }
 
-// nextExpiry returns the earliest lease expiry, if any.
-func (r *registry) nextExpiry() (time.Time, bool) {
-	var t time.Time
-	for _, l := range r.nodes {
-		if t.IsZero() || l.expires.Before(t) {
-			t = l.expires
-		}
-	}
-	return t, !t.IsZero()
-}
-
 // assignGID returns the first unused gid at or after the assignment
 // cursor (which follows the last gid assigned, wrapping to firstGID), or
 // 0 if none is left.

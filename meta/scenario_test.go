@@ -167,7 +167,10 @@ func testReplicaKilled(t *testing.T, kind string) {
 	s1 := startServer(t, d1, ServerConfig{Slots: 64})
 	s2 := startServer(t, d2, ServerConfig{Slots: 64})
 	both := []netip.AddrPort{s1.Addr(), s2.Addr()}
-	ccfg := ClientConfig{Servers: both, QPTimeout: 2 * time.Millisecond, QPRetryCnt: 3, RPCTimeout: 200 * time.Millisecond}
+	// Real time (the fake network runs on it too): the timeouts only bound
+	// how long the dead replica takes to be given up on, so they leave a
+	// busy machine room to answer from the live one (8 x 25 ms per QP).
+	ccfg := ClientConfig{Servers: both, QPTimeout: 25 * time.Millisecond, QPRetryCnt: 7, RPCTimeout: 2 * time.Second}
 	var agents []*Agent
 	for gid := uint32(1); gid <= 3; gid++ {
 		a, err := startClient(t, f.device(), ccfg).Register(ctx, testNode(gid, 0), AgentConfig{})
@@ -363,13 +366,14 @@ func TestUpdatesRacingReadsLossy(t *testing.T) {
 // found.
 func TestTenThousandNodes(t *testing.T) {
 	checkLeaks(t)
-	f := fakeFabric(t)
+	// Everything runs on one manual clock that never moves: leases never
+	// run out, and neither do RPC timeouts nor the devices' ACK timeouts,
+	// however long a busy machine keeps the server from answering.
+	clk := softnictest.NewManualClock(time.Time{})
+	f := newFabric(t, "fake", softnictest.Config{Seed: 1, Clock: clk, AutoFlush: true})
 	ctx := ctxT(t)
-	clk := softnictest.NewManualClock(time.Time{}) // leases never run out
 	srv := startServer(t, f.device(), ServerConfig{Clock: clk})
 	const nodes = 10000
-	// The clients run on the manual clock too: their RPC timeouts never
-	// expire, however long a busy machine keeps the server from answering.
 	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1, Clock: clk}
 	inc := func(g uint32) uint64 { return uint64(g)*1000 + 1 }
 	var wg sync.WaitGroup

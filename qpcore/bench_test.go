@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
@@ -252,7 +253,7 @@ func rcFromScratch(b *testing.B, iters int) baseline.Latencies {
 }
 
 func BenchmarkQPCoreConnectWarm(b *testing.B) {
-	res := newResolver()
+	res := newResolver(clock.System{})
 	a, _, done := benchNodes(b, res, res.set)
 	defer done()
 	ctx := context.Background()
@@ -271,7 +272,7 @@ func BenchmarkQPCoreConnectWarm(b *testing.B) {
 
 // BenchmarkQPCoreRead is a synchronous 64-byte READ through a VQP (DC).
 func BenchmarkQPCoreRead(b *testing.B) {
-	res := newResolver()
+	res := newResolver(clock.System{})
 	a, p, done := benchNodes(b, res, res.set)
 	defer done()
 	p.Export("mem", make([]byte, 4096), verbs.AccessRemoteRead)
@@ -326,7 +327,7 @@ func BenchmarkQPCoreMemory(b *testing.B) {
 	for range b.N {
 		heaps = heaps[:0]
 		for _, peers := range points {
-			res := newResolver()
+			res := newResolver(clock.System{})
 			for g := 2; g < 2+peers; g++ {
 				res.set(meta.NodeInfo{GID: uint32(g), Incarnation: 1,
 					Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(10000+g%50000)),
@@ -430,7 +431,7 @@ func BenchmarkQPCoreFullMeshSweep(b *testing.B) {
 // (DCT) and READs once through it, against an RC mesh (a QP and a CM
 // handshake per pair).
 func fullMesh(b *testing.B, N int) {
-	res := newResolver()
+	res := newResolver(clock.System{})
 	cfg := qpcore.Config{DCIs: 4, RecvBuffers: 2, SendBuffers: 1, MsgThreshold: 4096, RCCap: 1, DisableRC: true}
 	ns := meshNodes(b, N, res, cfg, 77)
 	defer func() {
@@ -556,7 +557,7 @@ func fullMesh(b *testing.B, N int) {
 // READ (a cold lookup adds about one READ round trip per peer).
 func BenchmarkQPCoreElasticStart(b *testing.B) {
 	const N = 100
-	res := newResolver()
+	res := newResolver(clock.System{})
 	cfg := qpcore.Config{DCIs: 8, RecvBuffers: 2, SendBuffers: 1, MsgThreshold: 4096, DisableRC: true}
 	peers := meshNodes(b, N, res, cfg, 78)
 	defer func() {

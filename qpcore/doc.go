@@ -174,6 +174,14 @@
 // Config.NoDrive turns this off (callers then poll the send CQ when it
 // signals, and otherwise wait for the dispatcher).
 //
+// # Time
+//
+// Every time read, timer and timeout of a node (RC hot and idle windows,
+// PeerTimeout, MsgTimeout, RNR back-off, the housekeeping tick) comes
+// from Config.Clock, the system clock unless set. Tests give the node,
+// its device and the in-memory network one softnictest.ManualClock, so
+// nothing expires unless the test moves time.
+//
 // # Counters
 //
 // Node.Stats reports connects (hits, misses), WRs and doorbells per

@@ -2,18 +2,21 @@ package qpcore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/leaktest"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/softnictest"
 )
 
 // The meta client is a Resolver.
@@ -25,16 +28,21 @@ type mapResolver struct {
 	m       map[uint32]meta.NodeInfo
 	lookups atomic.Int64
 	invals  atomic.Int64
-	delay   time.Duration // added to every lookup
+	delay   time.Duration // added to every lookup, on clk
+	clk     clock.Clock
 }
 
-func newResolver() *mapResolver { return &mapResolver{m: make(map[uint32]meta.NodeInfo)} }
+func newResolver(clk clock.Clock) *mapResolver {
+	return &mapResolver{m: make(map[uint32]meta.NodeInfo), clk: clk}
+}
 
 func (r *mapResolver) Lookup(ctx context.Context, gid uint32) (meta.NodeInfo, error) {
 	r.lookups.Add(1)
 	if r.delay > 0 {
+		pause, stop := clock.After(r.clk, r.delay)
+		defer stop()
 		select {
-		case <-time.After(r.delay):
+		case <-pause:
 		case <-ctx.Done():
 			return meta.NodeInfo{}, ctx.Err()
 		}
@@ -56,8 +64,8 @@ func (r *mapResolver) set(info meta.NodeInfo) {
 	r.mu.Unlock()
 }
 
-// tnode is a node of a test cluster: a softnic device on real UDP, a
-// qpcore node, and its exported region "mem".
+// tnode is a node of a test cluster: a softnic device (on the fake
+// network or real UDP), a qpcore node, and its exported region "mem".
 type tnode struct {
 	t    testing.TB
 	gid  uint32
@@ -67,36 +75,137 @@ type tnode struct {
 	mem  []byte
 }
 
+// A cluster runs on one fabric:
+//
+//   - "fake": softnictest's in-memory network on a manual clock (with
+//     AutoFlush, so packets flow as soon as they are sent). Devices, nodes
+//     and the resolver share the clock: no timeout, retransmission or
+//     housekeeping tick happens unless the test moves time with advance,
+//     so a busy machine cannot make an operation time out.
+//   - "udp": softnic devices on real UDP sockets on 127.0.0.1 and the
+//     system clock: the production path.
+//
+// newCluster makes a fake cluster; forEachFabric runs a test over both.
 type cluster struct {
 	t     testing.TB
+	kind  string
+	net   *softnictest.Network     // fake only
+	clk   *softnictest.ManualClock // fake only
+	clock clock.Clock              // clk, or the system clock
 	res   *mapResolver
 	nodes map[uint32]*tnode
 }
 
-func newCluster(t testing.TB) *cluster {
-	c := &cluster{t: t, res: newResolver(), nodes: make(map[uint32]*tnode)}
+var fabricKinds = []string{"fake", "udp"}
+
+func newCluster(t testing.TB) *cluster { return newClusterOn(t, "fake") }
+
+func newClusterOn(t testing.TB, kind string) *cluster {
+	c := &cluster{t: t, kind: kind, clock: clock.System{}, nodes: make(map[uint32]*tnode)}
+	if kind == "fake" {
+		c.clk = softnictest.NewManualClock(time.Time{})
+		c.clock = c.clk
+		c.net = softnictest.NewNetwork(softnictest.Config{Seed: 7, Clock: c.clk, AutoFlush: true})
+	}
+	c.res = newResolver(c.clock)
 	t.Cleanup(func() {
 		for _, tn := range c.nodes {
 			tn.close()
+		}
+		if c.net != nil {
+			c.net.Close()
 		}
 	})
 	return c
 }
 
-// add starts node gid on a fresh UDP port (or addr) exporting memSize
-// bytes as "mem".
+// forEachFabric runs f as a subtest on a fresh cluster of each kind.
+func forEachFabric(t *testing.T, f func(t *testing.T, c *cluster)) {
+	for _, kind := range fabricKinds {
+		t.Run(kind, func(t *testing.T) { f(t, newClusterOn(t, kind)) })
+	}
+}
+
+// advance moves a fake cluster's clock forward by d in steps of step,
+// calling between (if not nil) after each step so that goroutines the
+// step woke can act. On UDP it fails the test: time-driven tests run on
+// the fake fabric only.
+func (c *cluster) advance(d, step time.Duration, between func()) {
+	c.t.Helper()
+	if c.clk == nil {
+		c.t.Fatal("advance on a real-time cluster")
+	}
+	for d > 0 {
+		s := min(d, step)
+		c.clk.Advance(s)
+		d -= s
+		if between != nil {
+			between()
+		}
+	}
+}
+
+// until advances a fake cluster's clock in steps of step until cond holds,
+// failing after max of clock time. Between steps it yields, so goroutines
+// woken by the step run before cond is checked again.
+func (c *cluster) until(what string, step, max time.Duration, cond func() bool) {
+	c.t.Helper()
+	for waited := time.Duration(0); !cond(); waited += step {
+		if waited > max {
+			c.t.Fatalf("%s: not after %v of clock time", what, max)
+		}
+		c.clk.Advance(step)
+		settle()
+	}
+}
+
+// settle lets runnable goroutines run (the manual clock's timers hand work
+// to goroutines; this gives them the CPU before the test looks).
+func settle() {
+	for range 50 {
+		runtime.Gosched()
+	}
+}
+
+// add starts node gid on a fresh address exporting memSize bytes as
+// "mem".
 func (c *cluster) add(gid uint32, memSize int, cfg qpcore.Config) *tnode {
-	return c.addAt(gid, "127.0.0.1:0", memSize, cfg)
+	return c.addAt(gid, "", memSize, cfg)
+}
+
+// device opens a device at addr ("" for a fresh one).
+func (c *cluster) device(addr string) (*softnic.Device, error) {
+	if c.net == nil {
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		return softnic.OpenUDP(addr)
+	}
+	var l *softnictest.Link
+	var err error
+	if addr == "" {
+		l = c.net.NewLink()
+	} else {
+		ap, perr := netip.ParseAddrPort(addr)
+		if perr != nil {
+			return nil, perr
+		}
+		if l, err = c.net.NewLinkAt(ap); err != nil {
+			return nil, err
+		}
+	}
+	return softnic.Open(softnic.Config{Link: l, Clock: c.clk})
 }
 
 func (c *cluster) addAt(gid uint32, addr string, memSize int, cfg qpcore.Config) *tnode {
 	t := c.t
 	t.Helper()
-	dev, err := softnic.OpenUDP(addr)
+	dev, err := c.device(addr)
 	if err != nil {
-		t.Fatalf("OpenUDP(%s): %v", addr, err)
+		t.Fatalf("device(%q): %v", addr, err)
 	}
 	cfg.GID = gid
+	cfg.Clock = c.clock
 	n, err := qpcore.NewNode(dev, c.res, cfg)
 	if err != nil {
 		dev.Close()
@@ -125,8 +234,11 @@ func (tn *tnode) close() {
 	}
 }
 
+// ctxT returns a context that ends after d of real time, but never less
+// than five minutes: it guards against a hang, it does not judge speed (time
+// that matters runs on the cluster's clock).
 func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), max(d, 5*time.Minute))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -153,4 +265,66 @@ func noQPErrors(t testing.TB, ns ...*qpcore.Node) {
 	}
 }
 
-func isErr(err, target error) bool { return errors.Is(err, target) }
+// drive runs f in its own goroutine and, on a fake cluster, advances the
+// clock in steps of step until f returns, failing once more than max of
+// clock time went by. It returns the clock time f took (to within one
+// step) and f's error. Between steps it waits up to a millisecond of real
+// time for f: real time only paces the clock, it never decides a result.
+// On UDP it just waits for f and returns the real time it took.
+func (c *cluster) drive(step, max time.Duration, f func() error) (time.Duration, error) {
+	c.t.Helper()
+	done := make(chan error, 1)
+	t0 := c.clock.Now()
+	go func() { done <- f() }()
+	if c.clk == nil {
+		err := <-done
+		return time.Since(t0), err
+	}
+	for {
+		select {
+		case err := <-done:
+			return c.clk.Now().Sub(t0), err
+		case <-time.After(time.Millisecond):
+		}
+		if c.clk.Now().Sub(t0) > max {
+			c.t.Fatalf("still running after %v of clock time", max)
+		}
+		c.clk.Advance(step)
+	}
+}
+
+// pump advances a fake cluster's clock by step about every 100
+// microseconds of real time until the returned stop is called: for tests
+// whose goroutines need time to pass (RNR back-off) while the test
+// goroutine blocks elsewhere. A no-op on UDP.
+func (c *cluster) pump(step time.Duration) (stop func()) {
+	if c.clk == nil {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+			c.clk.Advance(step)
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// eventually waits, yielding, until cond holds; it fails after a minute of
+// real time, a guard against a hang, never a verdict on speed.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	guard := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(guard) {
+			t.Fatalf("%s: never happened", what)
+		}
+		settle()
+	}
+}

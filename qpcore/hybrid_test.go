@@ -186,16 +186,12 @@ func TestRCEvictionAndFallback(t *testing.T) {
 			if i == after {
 				return
 			}
-		}
-	}
-	waitFor := func(what string, cond func(qpcore.Stats) bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond(a.n.Stats()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: %+v", what, a.n.Stats())
+			// Time moves with the traffic, 10 ms per 50 pairs (above the
+			// threshold's rate), so that a refused RC connect is retried
+			// after RCWindow as it would be in real time.
+			if i%50 == 49 {
+				c.clk.Advance(cfg.Tick)
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	hammer(va, 20000, true)
@@ -204,7 +200,7 @@ func TestRCEvictionAndFallback(t *testing.T) {
 	}
 	// Peer 2 goes quiet; peer 3 turns hot: the pool is full, so peer 2's
 	// QP (idle > RCWindow) is evicted and peer 3 gets the slot.
-	time.Sleep(2 * cfg.RCWindow)
+	c.advance(2*cfg.RCWindow, cfg.Tick, settle)
 	hammer(vb, 20000, true)
 	if vb.Transport() != qpcore.RC {
 		t.Fatalf("peer 3 never went to RC: %+v", a.n.Stats())
@@ -219,7 +215,10 @@ func TestRCEvictionAndFallback(t *testing.T) {
 	// Below the threshold from here on, so that nothing turns hot again.
 	hammer(va, 20, false) // back on DC, still correct
 	// Everything idle: peer 3's QP goes after RCIdle.
-	waitFor("idle teardown", func(s qpcore.Stats) bool { return s.RCIdle >= 1 && s.RCActive == 0 })
+	c.until("idle teardown", cfg.Tick, 10*cfg.RCIdle, func() bool {
+		s := a.n.Stats()
+		return s.RCIdle >= 1 && s.RCActive == 0
+	})
 	hammer(vb, 20, false)
 	if vb.Transport() != qpcore.DC {
 		t.Fatalf("peer 3 on %v after idle teardown", vb.Transport())

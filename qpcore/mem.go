@@ -184,10 +184,7 @@ func (c *memCache) unregister(buf []byte) error {
 
 func (c *memCache) close() {
 	c.mu.Lock()
-	var all []*memEntry
-	for _, e := range c.explicit {
-		all = append(all, e)
-	}
+	all := append([]*memEntry(nil), c.explicit...)
 	for _, e := range c.auto {
 		all = append(all, e)
 	}

@@ -26,8 +26,11 @@ func pattern(n, seed int) []byte {
 // delivered: 2 on the small path, 0 on the large one.
 func TestMessagesAroundThreshold(t *testing.T) {
 	checkLeaks(t)
+	forEachFabric(t, testMessagesAroundThreshold)
+}
+
+func testMessagesAroundThreshold(t *testing.T, c *cluster) {
 	const thr = qpcore.DefaultMsgThreshold
-	c := newCluster(t)
 	a := c.add(1, 0, qpcore.Config{})
 	b := c.add(2, 0, qpcore.Config{})
 	ctx := ctxT(t, 20*time.Second)
@@ -109,8 +112,12 @@ func TestMessagesAroundThreshold(t *testing.T) {
 func TestMessagesRNR(t *testing.T) {
 	checkLeaks(t)
 	c := newCluster(t)
-	a := c.add(1, 0, qpcore.Config{RecvBuffers: 4})
-	senders := []*tnode{c.add(2, 0, qpcore.Config{}), c.add(3, 0, qpcore.Config{})}
+	// Time passes (a pump moves the clock) so that RNR back-offs end; the
+	// message deadline is far beyond anything the test needs.
+	cfg := qpcore.Config{MsgTimeout: time.Hour}
+	a := c.add(1, 0, qpcore.Config{RecvBuffers: 4, MsgTimeout: time.Hour})
+	senders := []*tnode{c.add(2, 0, cfg), c.add(3, 0, cfg)}
+	defer c.pump(100 * time.Microsecond)()
 	ctx := ctxT(t, 30*time.Second)
 	port, err := a.n.Bind(1)
 	if err != nil {
@@ -132,7 +139,10 @@ func TestMessagesRNR(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(100 * time.Millisecond) // let the buffers run out
+	// Let the buffers run out before the first Recv.
+	eventually(t, "an RNR retry", func() bool {
+		return senders[0].n.Stats().RNRRetries+senders[1].n.Stats().RNRRetries > 0
+	})
 	next := map[uint32]int{}
 	buf := make([]byte, 64)
 	for range 2 * each {

@@ -303,12 +303,6 @@ func (n *Node) goSafe(f func()) bool {
 	return true
 }
 
-func (n *Node) isClosed() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.closed
-}
-
 // run is the dispatcher: it processes completions nobody else is waiting
 // for and does the housekeeping.
 func (n *Node) run() {

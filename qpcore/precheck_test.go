@@ -161,7 +161,8 @@ func testIsolation(t *testing.T, rc bool) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var wg, started sync.WaitGroup
+	started.Add(2)
 	streamErrs := make(chan error, 4)
 	var streamed [2]int
 	stream := func(k int, gid uint32) {
@@ -204,21 +205,21 @@ func testIsolation(t *testing.T, rc bool) {
 				qpcore.WR{ID: i<<1 | 1, Op: qpcore.OpRead, Local: rd[s*8 : s*8+8], Region: "mem", Offset: 8192 + s*8})
 			if s == 63 {
 				pl.drain()
+				if i == 63 {
+					started.Done()
+				}
 			}
 		}
 	}
 	wg.Add(2)
 	go stream(0, 2) // shares the DCI with the bad VQP
 	go stream(1, 3) // another peer
-	time.Sleep(50 * time.Millisecond)
+	started.Wait()  // both streams completed their first 64 pairs
 	if rc {
-		deadline := time.Now().Add(5 * time.Second)
-		for st, _ := a.n.Peer(2); st.Transport != qpcore.RC; st, _ = a.n.Peer(2) {
-			if time.Now().After(deadline) {
-				t.Fatal("peer 2 never went to RC")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(t, "peer 2 on RC", func() bool {
+			st, _ := a.n.Peer(2)
+			return st.Transport == qpcore.RC
+		})
 		// The bad VQP joins the RC QP with a harmless operation.
 		for bad.Transport() != qpcore.RC {
 			if err := bad.Write(ctx, []byte("fine"), "mem", 1<<19); err != nil {
@@ -265,7 +266,7 @@ func testIsolation(t *testing.T, rc bool) {
 		if err := bad.Write(ctx, []byte("boom"), name, 0); !errors.Is(err, qpcore.ErrNoRegion) {
 			t.Fatalf("round %d: second bad write: %v", r, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		settle() // the streams run between rounds
 		if rc {
 			break // an RC QP in ERR is dropped: the peer is back on DC for RCIdle
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/internal/vethpair"
 	"github.com/krfs/krfs/meta"
@@ -71,7 +72,7 @@ func TestVethBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dev.Close()
-	res := newResolver()
+	res := newResolver(clock.System{})
 	res.set(peer.Info)
 	n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: 1, NoDrive: os.Getenv("KRFS_NODRIVE") != ""})
 	if err != nil {
@@ -258,7 +259,7 @@ func vethResponder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dev.Close()
-	n, err := qpcore.NewNode(dev, newResolver(), qpcore.Config{GID: 2})
+	n, err := qpcore.NewNode(dev, newResolver(clock.System{}), qpcore.Config{GID: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/krfs/krfs/internal/bench"
 	"io"
 	"os"
 	"path/filepath"
@@ -50,7 +51,8 @@ func init() {
 }
 
 // errUsage marks an error whose message is a usage hint (exit status 2).
-var errUsage = errors.New("usage")
+// errUsage marks command-line errors (exit status 2, usage printed).
+var errUsage = bench.ErrUsage
 
 func main() {
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))

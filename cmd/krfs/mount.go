@@ -18,7 +18,7 @@ import (
 
 	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/internal/shm"
-	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs/softnic"
 )
@@ -118,16 +118,9 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	if err != nil || listen.Addr().IsUnspecified() {
 		return fmt.Errorf("%w: --listen %q: want a specific IP:PORT that peers can reach", errUsage, f.listen)
 	}
-	var servers []netip.AddrPort
-	for _, s := range strings.Split(f.meta, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		ap, err := netip.ParseAddrPort(s)
-		if err != nil {
-			return fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, f.meta)
-		}
-		servers = append(servers, ap)
+	servers, err := node.ParseMeta(f.meta)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if err := checkFUSE(); err != nil {
 		return err
@@ -141,21 +134,21 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 		log.Warnf("cleaned up a stale mount at %s left by a crashed daemon", mnt)
 	}
 
-	d, err := startNode(log, &f, listen, servers, mem)
+	n, err := startNode(log, &f, listen, servers, mem)
 	if err != nil {
 		return err
 	}
-	defer d.close(log)
+	defer n.Close()
 
-	var backend fs.Backend = d.backend
+	var backend fs.Backend = n
 	if f.metricsAddr != "" {
-		ops := newOpMetrics()
-		_, stop, err := serveMetrics(log, f.metricsAddr, metricsRegistry(d.backend, ops))
+		ops := node.NewOpMetrics()
+		_, stop, err := node.ServeMetrics(log, f.metricsAddr, node.Registry(n, ops))
 		if err != nil {
 			return fmt.Errorf("--metrics-addr %s: %w", f.metricsAddr, err)
 		}
 		defer stop()
-		backend = &meteredBackend{Backend: d.backend, m: ops}
+		backend = node.Metered(n, ops)
 	}
 
 	srv, err := fs.Mount(mnt, backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
@@ -163,8 +156,8 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
-	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": d.backend.node.GID(), "address": d.dev.Addr(),
-		"meta": d.metaDesc}).Info("krfs mounted")
+	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
+		"meta": n.MetaDesc()}).Info("krfs mounted")
 	// Catch signals before telling anyone the mount is up: a stop request
 	// right after READY=1 must unmount, not kill the daemon.
 	sigs := make(chan os.Signal, 2)
@@ -189,14 +182,9 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	return nil
 }
 
-// daemon is a running node.
-type daemon struct {
-	dev      *softnic.Device
-	backend  *nodeBackend
-	metaDesc string
-}
-
-func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*daemon, error) {
+// startNode opens the NIC on listen and starts a node on it as the mount
+// flags say.
+func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*node.Node, error) {
 	key, err := readClusterKey(f.keyFile)
 	if err != nil {
 		return nil, err
@@ -208,94 +196,13 @@ func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers
 		}
 		return nil, fmt.Errorf("opening the NIC on %v: %w", listen, err)
 	}
-	d := &daemon{dev: dev, backend: &nodeBackend{dev: dev}}
-	b := d.backend
-	fail := func(err error) (*daemon, error) {
-		d.close(log)
-		return nil, err
-	}
-	if len(servers) == 0 {
-		// The single-node default: an embedded meta service on this NIC,
-		// which other nodes join with --meta ADDRESS-OF-THIS-NODE.
-		b.srv, err = meta.NewServer(dev, meta.ServerConfig{})
-		if err != nil {
-			return fail(fmt.Errorf("embedded meta service: %w", err))
-		}
-		servers = []netip.AddrPort{dev.Addr()}
-		d.metaDesc = "embedded at " + dev.Addr().String()
-	} else {
-		d.metaDesc = fmt.Sprint(servers)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers})
-	if err != nil {
-		return fail(fmt.Errorf("meta service %v unreachable: %w", servers, err))
-	}
-	b.node, err = qpcore.NewNode(dev, b.meta, qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout})
-	if err != nil {
-		return fail(err)
-	}
-	// Register first when the gid is assigned: the region store is named
-	// after it.
-	b.agent, err = b.meta.Register(ctx, b.node.Info(), meta.AgentConfig{})
-	if err != nil {
-		return fail(fmt.Errorf("registering with the meta service: %w", err))
-	}
-	gid := b.agent.Info().GID
-	b.node.SetGID(gid)
-	dir := f.shmDir
-	if dir == "" {
-		dir = shm.DefaultDir(gid)
-	}
-	if b.store, err = shm.Open(dir); err != nil {
-		return fail(err)
-	}
-	// Regions left by an earlier run come back with their data, under new
-	// keys: peers find them through the new incarnation's directory.
-	names, err := b.store.Names()
-	if err != nil {
-		return fail(err)
-	}
-	for _, n := range names {
-		r, err := b.store.Map(n, -1, 0, -1, -1)
-		if err != nil {
-			return fail(err)
-		}
-		m, u, g, _, _ := b.store.Stat(n)
-		if _, err := b.export(r, uint32(m), uint32(u), uint32(g)); err != nil {
-			return fail(fmt.Errorf("re-exporting region %s: %w", n, err))
-		}
-		log.Infof("region %s (%d bytes) recovered from %s", n, len(r.Mem), dir)
-	}
-	if b.store.Get("mem") == nil {
-		if _, err := b.Export("mem", mem, 0o666, 0, 0); err != nil {
-			return fail(fmt.Errorf("default region: %w", err))
-		}
-	}
-	return d, nil
-}
-
-func (d *daemon) close(log *logrus.Logger) {
-	b := d.backend
-	if b.agent != nil {
-		if err := b.agent.Close(); err != nil {
-			log.Debugf("deregister: %v", err)
-		}
-	}
-	if b.node != nil {
-		b.node.Close()
-	}
-	if b.meta != nil {
-		b.meta.Close()
-	}
-	if b.srv != nil {
-		b.srv.Close()
-	}
-	if b.store != nil {
-		b.store.Close()
-	}
-	d.dev.Close()
+	return node.Start(context.Background(), node.Config{
+		Device:  dev,
+		Meta:    servers,
+		QPCore:  qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout},
+		MemSize: mem,
+		ShmDir:  f.shmDir,
+	}, log)
 }
 
 // notifyReady tells systemd (Type=notify) that the mount is up.

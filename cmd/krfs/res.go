@@ -1,17 +1,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
-	"time"
 
+	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -22,106 +20,13 @@ import (
 // resLink names the device in listings, as rdma(8) names DEV/PORT.
 const resLink = "softnic/1"
 
-// resQP is one QP of the node's NIC.
-type resQP struct {
-	LQPN        uint32 `json:"lqpn"`
-	RQPN        uint32 `json:"rqpn,omitempty"`
-	Type        string `json:"type"`
-	State       string `json:"state"`
-	Remote      string `json:"remote,omitempty"`
-	SQPSN       uint32 `json:"sq-psn"`
-	RQPSN       uint32 `json:"rq-psn"`
-	Outstanding int    `json:"outstanding"`
-	Stats       verbs.QPStats
-}
-
-// resMR is one region this node exports.
-type resMR struct {
-	Name   string `json:"name"`
-	RKey   uint32 `json:"rkey"`
-	MRLen  uint64 `json:"mrlen"`
-	Access string `json:"access"`
-	Mode   uint32 `json:"mode"`
-	UID    uint32 `json:"uid"`
-	GID    uint32 `json:"gid"`
-}
-
-// resPeer is one live node of the cluster as this node sees it.
-type resPeer struct {
-	GID         uint32 `json:"gid"`
-	Address     string `json:"address"`
-	Incarnation uint64 `json:"incarnation"`
-	Self        bool   `json:"self,omitempty"`
-	Known       bool   `json:"known"`               // this node keeps state for it
-	Transport   string `json:"transport,omitempty"` // dc or rc, when known
-	RC          string `json:"rc,omitempty"`        // RC connection phase
-	Regions     int    `json:"regions"`             // cached directory entries, -1: not cached
-	Active      int    `json:"active"`              // operations in progress
-}
-
-// resQPs lists the NIC's QPs by number.
-func (b *nodeBackend) resQPs() []resQP {
-	qs := b.dev.QPs()
-	out := make([]resQP, 0, len(qs))
-	for _, q := range qs {
-		r := resQP{LQPN: q.QPN, Type: q.Type.String(), State: q.State.String(), SQPSN: q.SQPSN, RQPSN: q.RQPSN,
-			Outstanding: q.Outstand, Stats: q.Stats}
-		if q.Type == verbs.RC {
-			r.RQPN = q.RemoteQPN
-			if q.Remote.IsValid() {
-				r.Remote = q.Remote.String()
-			}
-		}
-		out = append(out, r)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].LQPN < out[j].LQPN })
-	return out
-}
-
-// resMRs lists the exported regions by name.
-func (b *nodeBackend) resMRs() []resMR {
-	rs := b.node.Regions()
-	out := make([]resMR, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, resMR{Name: r.Name, RKey: r.RKey, MRLen: r.Len, Access: r.Access.String(),
-			Mode: r.Mode & 0o7777, UID: r.UID, GID: r.GID})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// resPeers lists the live nodes of the meta service (nil if it cannot be
-// read within a second) with what this node keeps for each.
-func (b *nodeBackend) resPeers() []resPeer {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	nodes, err := b.meta.List(ctx)
-	if err != nil {
-		return nil
-	}
-	self := b.node.GID()
-	out := make([]resPeer, 0, len(nodes))
-	for _, n := range nodes {
-		p := resPeer{GID: n.GID, Address: n.Addr.String(), Incarnation: n.Incarnation, Self: n.GID == self, Regions: -1}
-		if st, ok := b.node.Peer(n.GID); ok {
-			p.Known, p.RC, p.Regions, p.Active = true, st.RC, st.Regions, st.Active
-			if st.Incarnation != 0 {
-				p.Transport = st.Transport.String()
-			}
-		}
-		out = append(out, p)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GID < out[j].GID })
-	return out
-}
-
 // resStats is the part of stats.json that `krfs res` reads.
 type resStats struct {
 	GID     uint32
 	Address string
-	QPs     []resQP
-	Regions []resMR
-	Peers   []resPeer
+	QPs     []node.ResQP
+	Regions []node.ResMR
+	Peers   []node.ResPeer
 }
 
 func runRes(args []string, stdout, stderr io.Writer) error {
@@ -192,7 +97,7 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-func formatQP(q resQP) string {
+func formatQP(q node.ResQP) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "link %s lqpn %d", resLink, q.LQPN)
 	if q.Type == verbs.RC.String() {
@@ -208,7 +113,7 @@ func formatQP(q resQP) string {
 	return b.String()
 }
 
-func formatPeer(p resPeer) string {
+func formatPeer(p node.ResPeer) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "link %s gid %d address %s incarnation %#x", resLink, p.GID, p.Address, p.Incarnation)
 	tr := p.Transport

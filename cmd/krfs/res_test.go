@@ -4,13 +4,37 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/krfs/krfs/node"
 )
+
+// testNode starts an in-process node with an embedded meta service on
+// loopback, its regions in a temporary directory.
+func testNode(t *testing.T) *node.Node { return testNodeSized(t, 1<<20) }
+
+// testNodeSized is testNode with a "mem" of mem bytes.
+func testNodeSized(t *testing.T, mem int64) *node.Node {
+	t.Helper()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Second}
+	n, err := startNode(log, f, netip.MustParseAddrPort("127.0.0.1:0"), nil, mem)
+	if err != nil {
+		t.Fatalf("starting a node: %v", err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
 
 // TestRes lists the QPs, regions and peers of an in-process node from the
 // stats.json its backend writes.
@@ -18,7 +42,7 @@ func TestRes(t *testing.T) {
 	d := testNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := d.backend.Connect(ctx, d.backend.Self())
+	c, err := d.Connect(ctx, d.Self())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +53,7 @@ func TestRes(t *testing.T) {
 
 	dir := t.TempDir()
 	var js bytes.Buffer
-	if err := d.backend.Stats(&js, true); err != nil {
+	if err := d.Stats(&js, true); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "stats.json"), js.Bytes(), 0o644); err != nil {
@@ -59,11 +83,11 @@ func TestRes(t *testing.T) {
 		t.Errorf("res peer:\n%s", peer)
 	}
 
-	var qps []resQP
+	var qps []node.ResQP
 	if err := json.Unmarshal([]byte(res("qp", "-j")), &qps); err != nil || len(qps) == 0 {
 		t.Fatalf("res qp -j: %v %d QPs", err, len(qps))
 	}
-	var mrs []resMR
+	var mrs []node.ResMR
 	if err := json.Unmarshal([]byte(res("-j", "mr")), &mrs); err != nil || len(mrs) != 1 || mrs[0].Name != "mem" || mrs[0].MRLen != 1<<20 {
 		t.Fatalf("res mr -j: %v %+v", err, mrs)
 	}

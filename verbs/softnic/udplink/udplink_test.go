@@ -747,7 +747,7 @@ func rawRecv(fd int, b []byte) (int, error) {
 	}
 }
 
-// BenchmarkBaselineRawPingPong8B is the MACHINE.md baseline for
+// BenchmarkBaselineRawPingPong8B is the raw-socket baseline (docs/machine-notes.md) for
 // BenchmarkPingPong8B: blocking sockets, one recvfrom and one sendto per
 // hop, no framing.
 func BenchmarkBaselineRawPingPong8B(b *testing.B) {
@@ -773,7 +773,7 @@ func BenchmarkBaselineRawPingPong8B(b *testing.B) {
 	}
 }
 
-// BenchmarkBaselineRawBulk1MiB is the MACHINE.md baseline for
+// BenchmarkBaselineRawBulk1MiB is the raw-socket baseline (docs/machine-notes.md) for
 // BenchmarkBulk1MiB: 1 MiB as 16 datagrams of 64 KiB minus headers, sent
 // with sendto and received with recvfrom straight into place.
 func BenchmarkBaselineRawBulk1MiB(b *testing.B) {

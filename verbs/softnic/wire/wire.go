@@ -80,9 +80,9 @@ const (
 	AETHLen      = 8
 	AtomicAckLen = 8
 	CMETHLen     = 24
+	MACLen       = 16
 	// MaxHeaderLen bounds every header: read this many bytes and HeaderLen
 	// can always decide.
-	MACLen       = 16
 	MaxHeaderLen = BaseLen + MACLen + DCETHLen + AtomicETHLen + ImmDtLen
 	// MaxPrivate bounds CM private data.
 	MaxPrivate = 192

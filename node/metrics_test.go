@@ -1,10 +1,9 @@
-package main
+package node
 
 import (
 	"context"
 	"io"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,21 +11,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 )
-
-// testNode starts an in-process node with an embedded meta service on
-// loopback, its regions in a temporary directory.
-func testNode(t *testing.T) *daemon {
-	t.Helper()
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Second}
-	d, err := startNode(log, f, netip.MustParseAddrPort("127.0.0.1:0"), nil, 1<<20)
-	if err != nil {
-		t.Fatalf("starting a node: %v", err)
-	}
-	t.Cleanup(func() { d.close(log) })
-	return d
-}
 
 // scrape returns the metric samples of a /metrics page, keyed by the
 // sample's name and labels as printed.
@@ -58,10 +42,10 @@ func scrape(t *testing.T, url string) map[string]float64 {
 
 func TestMetricsAfterTraffic(t *testing.T) {
 	d := testNode(t)
-	ops := newOpMetrics()
+	ops := NewOpMetrics()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	addr, stop, err := serveMetrics(log, "127.0.0.1:0", metricsRegistry(d.backend, ops))
+	addr, stop, err := ServeMetrics(log, "127.0.0.1:0", Registry(d, ops))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,10 +57,10 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		t.Fatalf("regions before traffic: %v %v", before[`krfs_regions`], before[`krfs_region_bytes{region="mem"}`])
 	}
 
-	b := &meteredBackend{Backend: d.backend, m: ops}
+	b := Metered(d, ops)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	self := d.backend.Self()
+	self := d.Self()
 	c, err := b.Connect(ctx, self)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +82,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		t.Fatal("a read past the region succeeded")
 	}
 	c.Close()
-	if _, err := d.backend.Export("extra", 64<<10, 0o600, 0, 0); err != nil {
+	if _, err := d.Export("extra", 64<<10, 0o600, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"fmt"
@@ -19,14 +19,14 @@ import (
 // 0 with page-aligned buffers, the atomic ioctl, write() to a port file,
 // open/close for connect.
 type fileTarget struct {
-	o    *benchOpts
+	o    *Opts
 	f    *os.File
 	size int64
 	bufs [][]byte
 }
 
-func openFileTarget(o *benchOpts) (*fileTarget, error) {
-	f, err := os.OpenFile(o.path, os.O_RDWR, 0)
+func openFileTarget(o *Opts) (*fileTarget, error) {
+	f, err := os.OpenFile(o.Path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -37,27 +37,27 @@ func openFileTarget(o *benchOpts) (*fileTarget, error) {
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
-		return nil, fmt.Errorf("%w: --path %s is not a regular file", errUsage, o.path)
+		return nil, fmt.Errorf("%w: --path %s is not a regular file", ErrUsage, o.Path)
 	}
 	t := &fileTarget{o: o, f: f}
-	if isPort := filepath.Base(filepath.Dir(o.path)) == "ports"; isPort != (o.test == "send_lat") {
+	if isPort := filepath.Base(filepath.Dir(o.Path)) == "ports"; isPort != (o.Test == "send_lat") {
 		f.Close()
 		if isPort {
-			return nil, fmt.Errorf("%w: --path %s is a port file; only send_lat writes to ports", errUsage, o.path)
+			return nil, fmt.Errorf("%w: --path %s is a port file; only send_lat writes to ports", ErrUsage, o.Path)
 		}
-		return nil, fmt.Errorf("%w: send_lat needs --path MOUNT/peers/GID/ports/PORT (someone must read MOUNT/ports/PORT on that node)", errUsage)
+		return nil, fmt.Errorf("%w: send_lat needs --path MOUNT/peers/GID/ports/PORT (someone must read MOUNT/ports/PORT on that node)", ErrUsage)
 	}
-	if o.test != "send_lat" {
+	if o.Test != "send_lat" {
 		t.size = st.Size()
 		if t.size == 0 {
 			f.Close()
-			return nil, fmt.Errorf("%s: empty; want a region file such as MOUNT/peers/GID/mem", o.path)
+			return nil, fmt.Errorf("%s: empty; want a region file such as MOUNT/peers/GID/mem", o.Path)
 		}
 	}
 	return t, nil
 }
 
-func (t *fileTarget) describe() string { return t.o.path }
+func (t *fileTarget) describe() string { return t.o.Path }
 func (t *fileTarget) limit() int64     { return t.size }
 
 // buf returns page-aligned memory (mmap), as O_DIRECT-style callers use.
@@ -172,7 +172,7 @@ func (t *fileTarget) variants(string) []string { return []string{"open+close", "
 func (t *fileTarget) once(_, variant string) (time.Duration, error) {
 	b := t.buf(0, 8)[:8]
 	t0 := time.Now()
-	f, err := os.OpenFile(t.o.path, os.O_RDWR, 0)
+	f, err := os.OpenFile(t.o.Path, os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
 	}

@@ -1,17 +1,12 @@
-package main
+package node
 
 import (
 	"context"
-	"errors"
-	"net"
-	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/sirupsen/logrus"
 
 	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/qpcore"
@@ -20,26 +15,26 @@ import (
 // Prometheus metrics of a node (--metrics-addr).
 //
 // Two sources feed them:
-//   - nodeCollector reads the node's counters at scrape time (qpcore,
+//   - the node's collector reads the node's counters at scrape time (qpcore,
 //     softnic device and QPs, meta client, regions); nothing is counted
 //     twice and nothing runs between scrapes;
-//   - opMetrics counts what the filesystem asks of peers (operations,
+//   - OpMetrics counts what the filesystem asks of peers (operations,
 //     bytes and latency by opcode and transport), measured around each
 //     fs.Conn call: the latency includes qpcore's queueing, the pre-check
 //     and the network, not the FUSE round trip.
 
 const metricsNS = "krfs"
 
-// opMetrics are measured around each operation on a peer.
-type opMetrics struct {
+// OpMetrics are measured around each operation on a peer (see Metered).
+type OpMetrics struct {
 	ops     *prometheus.CounterVec
 	bytes   *prometheus.CounterVec
 	errs    *prometheus.CounterVec
 	latency *prometheus.HistogramVec
 }
 
-func newOpMetrics() *opMetrics {
-	return &opMetrics{
+func NewOpMetrics() *OpMetrics {
+	return &OpMetrics{
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNS, Name: "ops_total",
 			Help: "Operations on peers that completed, by opcode and the transport of the VQP (dc or rc)."},
 			[]string{"op", "transport"}),
@@ -55,11 +50,11 @@ func newOpMetrics() *opMetrics {
 	}
 }
 
-func (m *opMetrics) register(r prometheus.Registerer) {
+func (m *OpMetrics) register(r prometheus.Registerer) {
 	r.MustRegister(m.ops, m.bytes, m.errs, m.latency)
 }
 
-func (m *opMetrics) observe(op string, c fs.Conn, start time.Time, n int, err error) {
+func (m *OpMetrics) observe(op string, c fs.Conn, start time.Time, n int, err error) {
 	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
 		m.errs.WithLabelValues(op).Inc()
@@ -73,10 +68,13 @@ func (m *opMetrics) observe(op string, c fs.Conn, start time.Time, n int, err er
 	m.bytes.WithLabelValues(op, tr).Add(float64(n))
 }
 
+// Metered returns b with its peer connections measured into ops.
+func Metered(b fs.Backend, ops *OpMetrics) fs.Backend { return &meteredBackend{Backend: b, m: ops} }
+
 // meteredBackend is an fs.Backend whose peer connections are measured.
 type meteredBackend struct {
 	fs.Backend
-	m *opMetrics
+	m *OpMetrics
 }
 
 func (b *meteredBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
@@ -89,7 +87,7 @@ func (b *meteredBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, erro
 
 type meteredConn struct {
 	fs.Conn
-	m *opMetrics
+	m *OpMetrics
 }
 
 func (c *meteredConn) ReadAt(ctx context.Context, region string, p []byte, off int64) (int, error) {
@@ -129,7 +127,7 @@ func (c *meteredConn) Send(ctx context.Context, port uint32, msg []byte) error {
 
 // nodeCollector reads a node's counters at scrape time.
 type nodeCollector struct {
-	b *nodeBackend
+	b *Node
 }
 
 type metricDesc struct {
@@ -203,17 +201,10 @@ var (
 	mRegionBytes = desc("region_bytes", "Size of each exported region.", gauge, "region")
 )
 
-var allDescs = []metricDesc{mPeers, mVQPs, mConnects, mPeerEvict, mWRs, mDoorbells, mWRErrors, mFences, mSwitches,
-	mDCIsFree, mDCIWaiters, mDCIWaits, mDCIYields, mRejects, mQPErrors, mRecoveries, mReposted, mRemoteErr, mRNR,
-	mRelookups, mStaleRetry, mUnreach, mPostErrors, mRCQPs, mRCConnects, mRCEvict, mRCIdle, mRCFallback, mRCErrors,
-	mRCAccepted, mRCReclaim, mDirReads, mMsgs, mMsgBytes, mMemCache, mNICPackets, mNICBytes, mNICSys, mNICDrops,
-	mNICRetx, mNICMisplc, mNICQPs, mNICMRs, mNICMRBytes, mQPRetx, mQPTimeouts, mQPNAKs, mQPErrs, mMeta, mRegions,
-	mRegionBytes}
-
+// Describe sends the descriptors of the metrics Collect emits (found by
+// collecting once: no hand-kept list to forget a metric in).
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range allDescs {
-		ch <- d.d
-	}
+	prometheus.DescribeByCollect(c, ch)
 }
 
 func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -223,7 +214,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	u := func(v uint64) float64 { return float64(v) }
 	b := c.b
 
-	s := b.node.Stats()
+	s := b.core.Stats()
 	emit(mPeers, float64(s.Peers))
 	emit(mVQPs, float64(s.VQPsOpen))
 	emit(mConnects, u(s.ConnectHits), "hit")
@@ -333,41 +324,12 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// metricsRegistry holds every metric of a node, and the Go runtime's.
-func metricsRegistry(b *nodeBackend, ops *opMetrics) *prometheus.Registry {
+// Registry holds every metric of node n, the operation metrics ops, and
+// the Go runtime's.
+func Registry(b *Node, ops *OpMetrics) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&nodeCollector{b: b})
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ops.register(reg)
 	return reg
-}
-
-// serveMetrics serves /metrics on addr until the returned stop is called;
-// bound is the address it listens on.
-func serveMetrics(log *logrus.Logger, addr string, reg *prometheus.Registry) (bound net.Addr, stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: log}))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/" {
-			http.NotFound(w, r)
-			return
-		}
-		_, _ = w.Write([]byte("krfs: metrics at /metrics\n"))
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warnf("metrics server: %v", err)
-		}
-	}()
-	log.Infof("metrics at http://%s/metrics", ln.Addr())
-	return ln.Addr(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }

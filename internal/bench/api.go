@@ -1,27 +1,30 @@
-package main
+package bench
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 )
 
 // apiTarget benchmarks a peer through the Go API, as a fresh application
 // would: its own device, meta client and qpcore node, a VQP to the peer.
 type apiTarget struct {
-	o      *benchOpts
-	dev    *softnic.Device
-	cl     *meta.Client // the node's resolver (cached)
+	o      *Opts
+	n      *node.Node   // the bench's node (owns the device)
+	dev    verbs.Device // n's
+	cl     *meta.Client // n's resolver (cached)
 	raw    *meta.Client // meta_lookup: no cache
-	node   *qpcore.Node
-	agent  *meta.Agent
+	node   *qpcore.Node // n's
 	v      *qpcore.VQP
 	gid    uint32
 	region string
@@ -31,71 +34,56 @@ type apiTarget struct {
 	cs     []qpcore.Completion
 }
 
-func parseServers(s string) ([]netip.AddrPort, error) {
-	var out []netip.AddrPort
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		ap, err := netip.ParseAddrPort(f)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, s)
-		}
-		out = append(out, ap)
+func openAPITarget(o *Opts) (_ *apiTarget, err error) {
+	servers, err := node.ParseMeta(o.Meta)
+	if err == nil && len(servers) == 0 {
+		err = fmt.Errorf("--meta %q: want HOST:PORT[,HOST:PORT...]", o.Meta)
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...]", errUsage, s)
-	}
-	return out, nil
-}
-
-func openAPITarget(o *benchOpts) (_ *apiTarget, err error) {
-	servers, err := parseServers(o.meta)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	if _, err := netip.ParseAddrPort(o.listen); err != nil {
-		return nil, fmt.Errorf("%w: --listen %q: want IP:PORT", errUsage, o.listen)
+	if _, err := netip.ParseAddrPort(o.Listen); err != nil {
+		return nil, fmt.Errorf("%w: --listen %q: want IP:PORT", ErrUsage, o.Listen)
 	}
-	t := &apiTarget{o: o, gid: uint32(o.gid), region: o.region}
+	t := &apiTarget{o: o, gid: uint32(o.GID), region: o.Region}
 	defer func() {
 		if err != nil {
 			t.close()
 		}
 	}()
-	if t.dev, err = softnic.OpenUDP(o.listen); err != nil {
-		return nil, fmt.Errorf("opening the NIC on %s: %w", o.listen, err)
+	dev, err := softnic.OpenUDP(o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("opening the NIC on %s: %w", o.Listen, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
-	if t.cl, err = meta.NewClient(ctx, t.dev, meta.ClientConfig{Servers: servers}); err != nil {
-		return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
+	t.n, err = node.Start(ctx, node.Config{
+		Device:       dev,
+		Meta:         servers,
+		QPCore:       qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc"},
+		NoRegister:   !o.Register,
+		StartTimeout: o.Timeout,
+	}, logrus.New())
+	if err != nil {
+		return nil, err
 	}
-	if o.test == "meta_lookup" {
+	t.dev, t.cl, t.node = t.n.Device(), t.n.Meta(), t.n.Core()
+	if o.Test == "meta_lookup" {
 		if t.raw, err = meta.NewClient(ctx, t.dev, meta.ClientConfig{Servers: servers, CacheEntries: -1}); err != nil {
 			return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
 		}
 	}
-	if t.node, err = qpcore.NewNode(t.dev, t.cl, qpcore.Config{VQPDepth: max(o.outstanding, qpcore.DefaultVQPDepth), DisableRC: o.transport == "dc"}); err != nil {
-		return nil, err
-	}
-	if o.register {
-		if t.agent, err = t.cl.Register(ctx, t.node.Info(), meta.AgentConfig{}); err != nil {
-			return nil, fmt.Errorf("registering with the meta service: %w", err)
-		}
-		t.node.SetGID(t.agent.Info().GID)
-	}
 	if t.v, err = t.node.Connect(ctx, t.gid); err != nil {
 		return nil, fmt.Errorf("connect to gid %d: %w", t.gid, err)
 	}
-	if o.test != "send_lat" && o.test != "meta_lookup" {
+	if o.Test != "send_lat" && o.Test != "meta_lookup" {
 		reg, err := t.v.Region(ctx, t.region)
 		if err != nil {
 			return nil, fmt.Errorf("gid %d region %q: %w", t.gid, t.region, err)
 		}
 		t.regLen = reg.Len
 	}
-	if o.transport == "rc" {
+	if o.Transport == "rc" {
 		if err := t.makeHot(); err != nil {
 			return nil, err
 		}
@@ -110,10 +98,10 @@ func (t *apiTarget) makeHot() error {
 	for i := range k {
 		t.buf(i, 8)
 	}
-	end := time.Now().Add(t.o.timeout)
+	end := time.Now().Add(t.o.Timeout)
 	for t.v.Transport() != qpcore.RC {
 		if time.Now().After(end) {
-			return fmt.Errorf("gid %d did not move to RC within %v", t.gid, t.o.timeout)
+			return fmt.Errorf("gid %d did not move to RC within %v", t.gid, t.o.Timeout)
 		}
 		if err := t.stream(false, 8, 16*k, k, time.Time{}, func() {}); err != nil {
 			return err
@@ -123,9 +111,9 @@ func (t *apiTarget) makeHot() error {
 }
 
 func (t *apiTarget) describe() string {
-	s := fmt.Sprintf("gid %d region %s via meta %s, bench node on %v", t.gid, t.region, t.o.meta, t.dev.Addr())
-	if t.o.test == "send_lat" {
-		s = fmt.Sprintf("gid %d port %d via meta %s, bench node on %v", t.gid, t.o.port, t.o.meta, t.dev.Addr())
+	s := fmt.Sprintf("gid %d region %s via meta %s, bench node on %v", t.gid, t.region, t.o.Meta, t.dev.Addr())
+	if t.o.Test == "send_lat" {
+		s = fmt.Sprintf("gid %d port %d via meta %s, bench node on %v", t.gid, t.o.Port, t.o.Meta, t.dev.Addr())
 	}
 	if t.v != nil {
 		s += fmt.Sprintf(" (transport %v)", t.v.Transport())
@@ -150,7 +138,7 @@ func (t *apiTarget) buf(i, size int) []byte {
 }
 
 func (t *apiTarget) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), t.o.timeout)
+	return context.WithTimeout(context.Background(), t.o.Timeout)
 }
 
 func (t *apiTarget) read(p []byte) error {
@@ -175,7 +163,7 @@ func (t *apiTarget) fetchAdd() error {
 func (t *apiTarget) send(p []byte) error {
 	ctx, cancel := t.ctx()
 	defer cancel()
-	return t.v.Send(ctx, uint32(t.o.port), p)
+	return t.v.Send(ctx, uint32(t.o.Port), p)
 }
 
 func (t *apiTarget) stream(write bool, size, n, outstanding int, deadline time.Time, done func()) error {
@@ -218,7 +206,7 @@ func (t *apiTarget) stream(write bool, size, n, outstanding int, deadline time.T
 		if inflight == 0 {
 			return nil
 		}
-		wctx, wcancel := context.WithTimeout(ctx, t.o.timeout)
+		wctx, wcancel := context.WithTimeout(ctx, t.o.Timeout)
 		err := t.v.Wait(wctx)
 		wcancel()
 		if err != nil {
@@ -328,20 +316,11 @@ func (t *apiTarget) close() error {
 	if t.v != nil {
 		t.v.Close()
 	}
-	if t.agent != nil {
-		t.agent.Close()
-	}
-	if t.node != nil {
-		t.node.Close()
-	}
 	if t.raw != nil {
 		t.raw.Close()
 	}
-	if t.cl != nil {
-		t.cl.Close()
-	}
-	if t.dev != nil {
-		t.dev.Close()
+	if t.n != nil {
+		t.n.Close()
 	}
 	return nil
 }

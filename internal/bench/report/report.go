@@ -1,4 +1,10 @@
-package main
+// Package report is `krfs bench report DIR`: it reads what scripts/bench.sh
+// left in DIR/raw — `go test -bench` outputs (*.txt) and `krfs bench
+// --json` outputs (*.json) — and writes DIR/results.json, DIR/results.md
+// (also printed) and SVG plots. Every row sets a krfs figure beside a
+// baseline measured in the same run; targets are the ones stated in the
+// issues.
+package report
 
 import (
 	"bufio"
@@ -14,14 +20,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/krfs/krfs/internal/bench"
 	"github.com/krfs/krfs/internal/plot"
 )
-
-// `krfs bench report DIR` reads what scripts/bench.sh left in DIR/raw —
-// `go test -bench` outputs (*.txt) and `krfs bench --json` outputs
-// (*.json) — and writes DIR/results.json, DIR/results.md (also printed)
-// and SVG plots. Every row sets a krfs figure beside a baseline measured
-// in the same run; targets are the ones stated in the issues.
 
 // goBench is the metrics of one benchmark line, by unit.
 type goBench map[string]float64
@@ -85,13 +86,13 @@ type resultRow struct {
 }
 
 type suiteResults struct {
-	Date      string                  `json:"date"`
-	Machine   map[string]string       `json:"machine"`
-	Rows      []resultRow             `json:"rows"`
-	Missing   []string                `json:"missing,omitempty"`
-	GoBench   map[string]goBench      `json:"go_bench"`
-	KrfsBench map[string]*benchReport `json:"krfs_bench"`
-	Plots     []string                `json:"plots,omitempty"`
+	Date      string                   `json:"date"`
+	Machine   map[string]string        `json:"machine"`
+	Rows      []resultRow              `json:"rows"`
+	Missing   []string                 `json:"missing,omitempty"`
+	GoBench   map[string]goBench       `json:"go_bench"`
+	KrfsBench map[string]*bench.Report `json:"krfs_bench"`
+	Plots     []string                 `json:"plots,omitempty"`
 }
 
 type suite struct {
@@ -134,30 +135,32 @@ func (s *suite) metric(b, unit string) (float64, bool) {
 	return v, ok
 }
 
-func (s *suite) krfs(name string) *benchReport { return s.res.KrfsBench[name] }
+func (s *suite) krfs(name string) *bench.Report { return s.res.KrfsBench[name] }
 
-func latP50(r *benchReport, table int) float64 {
+func latP50(r *bench.Report, table int) float64 {
 	if r == nil || len(r.Tables) <= table || len(r.Tables[table].Rows) == 0 {
 		return 0
 	}
 	return r.Tables[table].Rows[0].TypicalUs
 }
 
-func firstBase(r *benchReport) (baseRow, bool) {
+func firstBase(r *bench.Report) (bench.BaseRow, bool) {
 	if r == nil || len(r.Baselines) == 0 {
-		return baseRow{}, false
+		return bench.BaseRow{}, false
 	}
 	return r.Baselines[0], true
 }
 
-func benchReportDir(dir string, stdout io.Writer) error {
+// Dir writes the suite's results for the runs in dir/raw into dir (see
+// the package doc) and prints the markdown to stdout.
+func Dir(dir string, stdout io.Writer) error {
 	raw := filepath.Join(dir, "raw")
 	ents, err := os.ReadDir(raw)
 	if err != nil {
 		return err
 	}
 	res := &suiteResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machineInfo(),
-		GoBench: map[string]goBench{}, KrfsBench: map[string]*benchReport{}}
+		GoBench: map[string]goBench{}, KrfsBench: map[string]*bench.Report{}}
 	for _, e := range ents {
 		p := filepath.Join(raw, e.Name())
 		switch filepath.Ext(e.Name()) {
@@ -175,7 +178,7 @@ func benchReportDir(dir string, stdout io.Writer) error {
 			if err != nil {
 				return err
 			}
-			var r benchReport
+			var r bench.Report
 			if err := json.Unmarshal(b, &r); err != nil {
 				return fmt.Errorf("%s: %w", p, err)
 			}
@@ -252,7 +255,7 @@ func (s *suite) rows() {
 	if r := s.krfs("fuse_connect"); r != nil && len(r.Tables) >= 1 {
 		b, _ := firstBase(r)
 		s.add(resultRow{Section: "connect", What: "FUSE open+close of peers/GID/mem (a VQP each)", Unit: "p50 us", Krfs: latP50(r, 0),
-			BaseName: "TCP dial+accept+1 RTT", Baseline: b.Baseline, Limit: "go-fuse open+close ~17-51 us (MACHINE.md)", Source: "krfs bench connect --path"}, nil)
+			BaseName: "TCP dial+accept+1 RTT", Baseline: b.Baseline, Limit: "go-fuse open+close ~17-51 us (docs/machine-notes.md)", Source: "krfs bench connect --path"}, nil)
 	}
 	// Meta lookups.
 	for _, c := range []int{1, 8} {
@@ -296,9 +299,9 @@ func (s *suite) rows() {
 		{"api_read_lat8", "Go API VQP READ (bench process -> krfs mount daemon)", udpLimit},
 		{"fuse_read_lat8", "FUSE pread on peers/GID/mem (direct_io)", "see the row above"},
 		{"api_atomic_lat", "Go API FETCH_ADD", udpLimit},
-		{"fuse_atomic_lat", "FUSE ioctl FETCH_ADD", "go-fuse ioctl ~10-18 us + UDP RTT (MACHINE.md)"},
+		{"fuse_atomic_lat", "FUSE ioctl FETCH_ADD", "go-fuse ioctl ~10-18 us + UDP RTT (docs/machine-notes.md)"},
 		{"api_write_lat8", "Go API WRITE 8 B", udpLimit},
-		{"fuse_write_lat8", "FUSE pwrite 8 B", "go-fuse pwrite ~10 us + UDP RTT (MACHINE.md)"},
+		{"fuse_write_lat8", "FUSE pwrite 8 B", "go-fuse pwrite ~10 us + UDP RTT (docs/machine-notes.md)"},
 	} {
 		r := s.krfs(k.name)
 		if r == nil {
@@ -311,7 +314,7 @@ func (s *suite) rows() {
 	}
 	for _, k := range []struct{ name, what, limit string }{
 		{"api_send_lat", "Go API SEND of 64 B to a port, until delivered", udpLimit},
-		{"fuse_send_lat", "FUSE write() of 64 B to peers/GID/ports/P", "go-fuse write ~10 us + UDP RTT (MACHINE.md)"},
+		{"fuse_send_lat", "FUSE write() of 64 B to peers/GID/ports/P", "go-fuse write ~10 us + UDP RTT (docs/machine-notes.md)"},
 	} {
 		r := s.krfs(k.name)
 		if r == nil {
@@ -353,7 +356,7 @@ func (s *suite) rows() {
 	if v, ok := s.metric("BenchmarkReadBandwidth1M", "GB/s"); ok {
 		t, _ := s.metric("BenchmarkReadBandwidth1M", "tcp-GB/s")
 		s.add(resultRow{Section: "1 MiB READ bandwidth", What: "softnic verbs READ (in-process)", Unit: "MiB/s", Krfs: v * 1e9 / (1 << 20), BaseName: "loopback TCP, same sizes", Baseline: t * 1e9 / (1 << 20),
-			Limit: "memcpy 27-43 GB/s (MACHINE.md)", Source: "verbs/softnic BenchmarkReadBandwidth1M"}, &target{">=", 0.7})
+			Limit: "memcpy 27-43 GB/s (docs/machine-notes.md)", Source: "verbs/softnic BenchmarkReadBandwidth1M"}, &target{">=", 0.7})
 	}
 	for _, k := range []struct{ name, what string }{
 		{"api_bw1m", "Go API 1 MiB READs"},
@@ -366,7 +369,7 @@ func (s *suite) rows() {
 		}
 		b, _ := firstBase(r)
 		s.add(resultRow{Section: "1 MiB READ bandwidth", What: fmt.Sprintf("%s, %d outstanding", k.what, r.Outstanding), Unit: "MiB/s", Krfs: r.Bandwidth[0].AvgMiBs, BaseName: b.Name, Baseline: b.Baseline,
-			Limit: "memcpy 27-43 GB/s (MACHINE.md)", Source: "krfs bench read_bw -s 1M (" + r.Mode + ")"}, nil)
+			Limit: "memcpy 27-43 GB/s (docs/machine-notes.md)", Source: "krfs bench read_bw -s 1M (" + r.Mode + ")"}, nil)
 	}
 	// Across veth (scripts/cluster.sh): baselines are loopback (internal/baseline
 	// never measures a veth).
@@ -377,7 +380,7 @@ func (s *suite) rows() {
 		if r := s.krfs(k.name); r != nil {
 			b, _ := firstBase(r)
 			s.add(resultRow{Section: "across veth (2-host namespace cluster)", What: k.what, Unit: "p50 us", Krfs: latP50(r, 0), BaseName: "raw-syscall UDP ping-pong (loopback)", Baseline: b.Baseline,
-				Limit: "UDP across veth ~11.6 us (MACHINE.md)", Source: "krfs bench read_lat (scripts/cluster.sh up 2)"}, nil)
+				Limit: "UDP across veth ~11.6 us (docs/machine-notes.md)", Source: "krfs bench read_lat (scripts/cluster.sh up 2)"}, nil)
 		}
 	}
 	for _, k := range []struct{ name, what string }{
@@ -387,7 +390,7 @@ func (s *suite) rows() {
 		if r := s.krfs(k.name); r != nil && len(r.Bandwidth) > 0 {
 			b, _ := firstBase(r)
 			s.add(resultRow{Section: "across veth (2-host namespace cluster)", What: k.what, Unit: "MiB/s", Krfs: r.Bandwidth[0].AvgMiBs, BaseName: b.Name + " (loopback)", Baseline: b.Baseline,
-				Limit: "TCP across veth ~2.2 GB/s (MACHINE.md)", Source: "krfs bench read_bw (scripts/cluster.sh up 2)"}, nil)
+				Limit: "TCP across veth ~2.2 GB/s (docs/machine-notes.md)", Source: "krfs bench read_bw (scripts/cluster.sh up 2)"}, nil)
 		}
 	}
 	// Memory.

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -18,31 +17,19 @@ import (
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs"
-	"github.com/krfs/krfs/verbs/softnic"
 )
 
-// nodeBackend is the filesystem's view of a running node: qpcore for VQPs
-// and regions, the meta client for membership, the shm store for region
-// memory.
-type nodeBackend struct {
-	dev   *softnic.Device
-	node  *qpcore.Node
-	meta  *meta.Client
-	agent *meta.Agent
-	store *shm.Store
-	srv   *meta.Server // embedded meta server, or nil
+// The fs.Backend of a node: the filesystem's view of qpcore (VQPs and
+// regions), the meta client (membership) and the shm store (region
+// memory).
 
-	mu    sync.Mutex // guards ports
-	ports map[uint32]*qpcore.Port
-}
-
-var _ fs.Backend = (*nodeBackend)(nil)
+var _ fs.Backend = (*Node)(nil)
 
 const exportAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
 
-func (b *nodeBackend) Self() uint32 { return b.node.GID() }
+func (b *Node) Self() uint32 { return b.core.GID() }
 
-func (b *nodeBackend) Peers(ctx context.Context) ([]uint32, error) {
+func (b *Node) Peers(ctx context.Context) ([]uint32, error) {
 	nodes, err := b.meta.List(ctx)
 	if err != nil {
 		return nil, err
@@ -54,7 +41,7 @@ func (b *nodeBackend) Peers(ctx context.Context) ([]uint32, error) {
 	return out, nil
 }
 
-func (b *nodeBackend) PeerInfo(ctx context.Context, gid uint32) (string, error) {
+func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
 	info, err := b.meta.Lookup(ctx, gid)
 	if err != nil {
 		if errors.Is(err, meta.ErrNotFound) {
@@ -63,15 +50,15 @@ func (b *nodeBackend) PeerInfo(ctx context.Context, gid uint32) (string, error) 
 		return "", err
 	}
 	s := fmt.Sprintf("gid %d\naddress %v\nincarnation %#x\ndct %d\n", info.GID, info.Addr, info.Incarnation, info.DCTN)
-	if v, err := b.node.Connect(ctx, gid); err == nil {
+	if v, err := b.core.Connect(ctx, gid); err == nil {
 		s += fmt.Sprintf("transport %v\n", v.Transport())
 		v.Close()
 	}
 	return s, nil
 }
 
-func (b *nodeBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
-	v, err := b.node.Connect(ctx, gid)
+func (b *Node) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
+	v, err := b.core.Connect(ctx, gid)
 	if err != nil {
 		return nil, err
 	}
@@ -83,8 +70,8 @@ func region(r qpcore.Region) fs.Region {
 		Remote: r.Access&verbs.AccessRemoteRead != 0}
 }
 
-func (b *nodeBackend) Regions() []fs.Region {
-	rs := b.node.Regions()
+func (b *Node) Regions() []fs.Region {
+	rs := b.core.Regions()
 	out := make([]fs.Region, len(rs))
 	for i, r := range rs {
 		out[i] = region(r)
@@ -94,7 +81,7 @@ func (b *nodeBackend) Regions() []fs.Region {
 
 // Export maps (or resizes) the region's shared-memory file and exports it;
 // a resize re-registers it under a new rkey.
-func (b *nodeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs.Region, error) {
+func (b *Node) Export(name string, size int64, mode, uid, gid uint32) (fs.Region, error) {
 	if !shm.ValidName(name) {
 		return fs.Region{}, syscall.EINVAL
 	}
@@ -102,7 +89,7 @@ func (b *nodeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs
 		if cur, _ := b.localInfo(name); cur.Size == size {
 			return cur, nil
 		}
-		if err := b.node.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
+		if err := b.core.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
 			return fs.Region{}, err
 		}
 		m, u, g, _, err := b.store.Stat(name)
@@ -118,37 +105,37 @@ func (b *nodeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs
 	return b.export(r, mode, uid, gid)
 }
 
-func (b *nodeBackend) export(r *shm.Region, mode, uid, gid uint32) (fs.Region, error) {
+func (b *Node) export(r *shm.Region, mode, uid, gid uint32) (fs.Region, error) {
 	if len(r.Mem) == 0 {
 		// An empty region is listed locally but has no memory to register.
 		return fs.Region{Name: r.Name, Mode: mode, UID: uid, GID: gid}, nil
 	}
-	if _, err := b.node.Export(r.Name, r.Mem, exportAccess); err != nil {
+	if _, err := b.core.Export(r.Name, r.Mem, exportAccess); err != nil {
 		return fs.Region{}, err
 	}
-	qr, err := b.node.SetOwner(r.Name, mode, uid, gid)
+	qr, err := b.core.SetOwner(r.Name, mode, uid, gid)
 	if err != nil {
 		return fs.Region{}, err
 	}
 	return region(qr), nil
 }
 
-func (b *nodeBackend) Unexport(name string) error {
+func (b *Node) Unexport(name string) error {
 	if name == "mem" {
 		return syscall.EBUSY // the default region lives as long as the node
 	}
 	if b.store.Get(name) == nil {
 		return syscall.ENOENT
 	}
-	if err := b.node.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
+	if err := b.core.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
 		return err
 	}
-	b.dev.SyncMemory()
+	b.syncMemory()
 	return b.store.Remove(name)
 }
 
-func (b *nodeBackend) localInfo(name string) (fs.Region, bool) {
-	for _, r := range b.node.Regions() {
+func (b *Node) localInfo(name string) (fs.Region, bool) {
+	for _, r := range b.core.Regions() {
 		if r.Name == name {
 			return region(r), true
 		}
@@ -162,25 +149,25 @@ func (b *nodeBackend) localInfo(name string) (fs.Region, bool) {
 	return fs.Region{}, false
 }
 
-func (b *nodeBackend) LocalRegion(name string) (fs.LocalRegion, error) {
+func (b *Node) LocalRegion(name string) (fs.LocalRegion, error) {
 	if _, ok := b.localInfo(name); !ok {
 		return nil, syscall.ENOENT
 	}
 	return &localRegion{b: b, name: name}, nil
 }
 
-func (b *nodeBackend) Bind(port uint32) (fs.Port, error) {
-	p, err := b.node.Bind(port)
+func (b *Node) Bind(port uint32) (fs.Port, error) {
+	p, err := b.core.Bind(port)
 	if err != nil {
 		return nil, err
 	}
 	return &portAdapter{p: p}, nil
 }
 
-func (b *nodeBackend) Ports() []uint32 { return b.node.Ports() }
+func (b *Node) Ports() []uint32 { return b.core.Ports() }
 
 // Stats writes node, cache and NIC counters.
-func (b *nodeBackend) Stats(w io.Writer, asJSON bool) error {
+func (b *Node) Stats(w io.Writer, asJSON bool) error {
 	st := struct {
 		GID     uint32
 		Address string
@@ -189,15 +176,15 @@ func (b *nodeBackend) Stats(w io.Writer, asJSON bool) error {
 		NIC     verbs.DeviceStats
 		Server  any `json:",omitempty"`
 		// For `krfs res` (JSON only).
-		QPs     []resQP   `json:",omitempty"`
-		Regions []resMR   `json:",omitempty"`
-		Peers   []resPeer `json:",omitempty"`
-	}{GID: b.node.GID(), Address: b.dev.Addr().String(), Node: b.node.Stats(), Meta: b.meta.Stats(), NIC: b.dev.Stats()}
+		QPs     []ResQP   `json:",omitempty"`
+		Regions []ResMR   `json:",omitempty"`
+		Peers   []ResPeer `json:",omitempty"`
+	}{GID: b.core.GID(), Address: b.dev.Addr().String(), Node: b.core.Stats(), Meta: b.meta.Stats(), NIC: b.dev.Stats()}
 	if b.srv != nil {
 		st.Server = b.srv.Stats()
 	}
 	if asJSON {
-		st.QPs, st.Regions, st.Peers = b.resQPs(), b.resMRs(), b.resPeers()
+		st.QPs, st.Regions, st.Peers = b.ResQPs(), b.ResMRs(), b.ResPeers()
 	}
 	if asJSON {
 		e := json.NewEncoder(w)
@@ -234,7 +221,7 @@ func (b *nodeBackend) Stats(w io.Writer, asJSON bool) error {
 
 // localRegion is regions/<name>: direct access to the mapped memory.
 type localRegion struct {
-	b    *nodeBackend
+	b    *Node
 	name string
 }
 
@@ -259,7 +246,7 @@ func (l *localRegion) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 || off > int64(len(m)) {
 		return 0, syscall.EINVAL
 	}
-	l.b.dev.SyncMemory()
+	l.b.syncMemory()
 	return copy(p, m[off:]), nil
 }
 
@@ -272,7 +259,7 @@ func (l *localRegion) WriteAt(p []byte, off int64) (int, error) {
 		return 0, syscall.EFBIG
 	}
 	n := copy(m[off:], p)
-	l.b.dev.SyncMemory()
+	l.b.syncMemory()
 	return n, nil
 }
 
@@ -315,7 +302,7 @@ func (l *localRegion) Chmod(mode uint32) error {
 	if err := l.b.store.Chmod(l.name, os.FileMode(mode&0o777)); err != nil {
 		return err
 	}
-	_, err := l.b.node.SetOwner(l.name, mode, info.UID, info.GID)
+	_, err := l.b.core.SetOwner(l.name, mode, info.UID, info.GID)
 	if errors.Is(err, qpcore.ErrNotPresent) {
 		err = nil // an empty region is not exported yet
 	}
@@ -327,7 +314,7 @@ func (l *localRegion) Chown(uid, gid uint32) error {
 	if err := l.b.store.Chown(l.name, int(uid), int(gid)); err != nil {
 		return err
 	}
-	_, err := l.b.node.SetOwner(l.name, info.Mode, uid, gid)
+	_, err := l.b.core.SetOwner(l.name, info.Mode, uid, gid)
 	if errors.Is(err, qpcore.ErrNotPresent) {
 		err = nil
 	}

@@ -1,18 +1,20 @@
-package main
+package bench
 
 import (
 	"fmt"
+	"io"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/krfs/krfs/internal/baseline"
 )
 
-// benchTarget is what a benchmark runs against: a VQP to a peer (API
+// Target is what a benchmark runs against: a VQP to a peer (API
 // mode) or a file of a mounted krfs (file mode). Buffers come from buf,
 // which returns the i-th of the target's buffers (page-aligned in file
 // mode, registered in API mode), at least size bytes long.
-type benchTarget interface {
+type Target interface {
 	describe() string
 	// limit is the size of the region at offset 0, or 0 when unknown or
 	// not a region (ports).
@@ -32,36 +34,36 @@ type benchTarget interface {
 	close() error
 }
 
-// runBenchTest runs o.test against t.
-func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error) {
-	r := &benchReport{Test: o.test, Mode: o.mode(), Target: t.describe(), Outstanding: o.outstanding}
+// runBenchTest runs o.Test against t.
+func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
+	r := &Report{Test: o.Test, Mode: o.Mode(), Target: t.describe(), Outstanding: o.Outstanding}
 	var deadline func() time.Time
-	if o.duration > 0 {
-		d := time.Duration(o.duration * float64(time.Second))
+	if o.Duration > 0 {
+		d := time.Duration(o.Duration * float64(time.Second))
 		deadline = func() time.Time { return time.Now().Add(d) }
 	}
 	// frac is the fraction done of one size, for the progress bar.
 	frac := func(k, n int, start time.Time) float64 {
-		if o.duration > 0 {
-			return time.Since(start).Seconds() / o.duration
+		if o.Duration > 0 {
+			return time.Since(start).Seconds() / o.Duration
 		}
 		return float64(k) / float64(n)
 	}
 	lim := t.limit()
-	sizes := o.sizes()
+	sizes := o.Sizes()
 	for si, size := range sizes {
 		if lim > 0 && int64(size) > lim {
 			r.Notes = append(r.Notes, fmt.Sprintf("%d bytes skipped: the region holds %d", size, lim))
 			continue
 		}
-		label := o.test
+		label := o.Test
 		if len(sizes) > 1 {
-			label = fmt.Sprintf("%s %d/%d (%d B)", o.test, si+1, len(sizes), size)
+			label = fmt.Sprintf("%s %d/%d (%d B)", o.Test, si+1, len(sizes), size)
 		}
 		p.begin(label)
-		n := o.itersFor(size)
+		n := o.ItersFor(size)
 		switch {
-		case o.isLat():
+		case o.IsLat():
 			b := t.buf(0, size)[:size]
 			op := map[string]func() error{
 				"read_lat":   func() error { return t.read(b) },
@@ -70,34 +72,34 @@ func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error
 				"send_lat":   func() error { return t.send(b) },
 
 				"fuse_noop_lat": func() error { return t.read(b) },
-			}[o.test]
+			}[o.Test]
 			for range min(n, 10) { // warm up: first touch, registration, directory
 				if err := op(); err != nil {
-					return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+					return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 				}
 			}
 			lat, err := timeLoop(n, deadline, op, func(k int, start time.Time) { p.update(frac(k, n, start)) })
 			if err != nil {
-				return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+				return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 			}
-			row := newLatRow("", size, lat)
-			r.addLat(latTitle(o.test), row)
-			if o.baseline && size <= baseline.MaxUDPSize {
+			row := NewLatRow("", size, lat)
+			r.AddLat(LatTitle(o.Test), row)
+			if o.Baseline && size <= baseline.MaxUDPSize {
 				bl, err := baseline.UDPPingPong(min(max(len(lat), 200), 5000), size)
 				if err != nil {
 					return nil, fmt.Errorf("baseline: %w", err)
 				}
 				bs := bl.Summary()
-				r.Baselines = append(r.Baselines, baseRow{Bytes: size, Name: "udp_pingpong p50", Unit: "usec",
+				r.Baselines = append(r.Baselines, BaseRow{Bytes: size, Name: "udp_pingpong p50", Unit: "usec",
 					Krfs: row.TypicalUs, Baseline: us(bs.Typical), Ratio: ratio(row.TypicalUs, us(bs.Typical))})
 			}
-		case o.isBW():
-			for i := range o.outstanding {
+		case o.IsBW():
+			for i := range o.Outstanding {
 				t.buf(i, size)
 			}
 			// Warm up every buffer once.
-			if err := t.stream(o.test == "write_bw", size, o.outstanding, o.outstanding, time.Time{}, func() {}); err != nil {
-				return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+			if err := t.stream(o.Test == "write_bw", size, o.Outstanding, o.Outstanding, time.Time{}, func() {}); err != nil {
+				return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 			}
 			var dl time.Time
 			if deadline != nil {
@@ -105,26 +107,26 @@ func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error
 			}
 			done := make([]time.Duration, 0, min(n, 1<<22))
 			start := time.Now()
-			err := t.stream(o.test == "write_bw", size, n, o.outstanding, dl, func() {
+			err := t.stream(o.Test == "write_bw", size, n, o.Outstanding, dl, func() {
 				done = append(done, time.Since(start))
 				if len(done)%64 == 0 {
 					p.update(frac(len(done), n, start))
 				}
 			})
 			if err != nil {
-				return nil, fmt.Errorf("%s of %d bytes: %w", o.test, size, err)
+				return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 			}
-			row := newBWRow(size, done, o.outstanding)
+			row := newBWRow(size, done, o.Outstanding)
 			r.Bandwidth = append(r.Bandwidth, row)
-			if o.baseline {
+			if o.Baseline {
 				if err := bwBaseline(r, o, row); err != nil {
 					return nil, err
 				}
 			}
 		default: // connect, meta_lookup
-			for _, v := range t.variants(o.test) {
-				if _, err := t.once(o.test, v); err != nil { // warm up
-					return nil, fmt.Errorf("%s %s: %w", o.test, v, err)
+			for _, v := range t.variants(o.Test) {
+				if _, err := t.once(o.Test, v); err != nil { // warm up
+					return nil, fmt.Errorf("%s %s: %w", o.Test, v, err)
 				}
 				var lat baseline.Latencies
 				start := time.Now()
@@ -136,16 +138,16 @@ func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error
 					if (end.IsZero() && k >= n) || (!end.IsZero() && !time.Now().Before(end)) {
 						break
 					}
-					d, err := t.once(o.test, v)
+					d, err := t.once(o.Test, v)
 					if err != nil {
-						return nil, fmt.Errorf("%s %s: %w", o.test, v, err)
+						return nil, fmt.Errorf("%s %s: %w", o.Test, v, err)
 					}
 					lat = append(lat, d)
 					p.update(frac(k, n, start))
 				}
-				r.addLat(fmt.Sprintf("%s: %s", o.test, v), newLatRow(v, 0, lat))
+				r.AddLat(fmt.Sprintf("%s: %s", o.Test, v), NewLatRow(v, 0, lat))
 			}
-			if o.baseline && o.test == "connect" {
+			if o.Baseline && o.Test == "connect" {
 				bl, err := baseline.TCPConnectRoundTrip(min(max(n, 200), 2000))
 				if err != nil {
 					return nil, fmt.Errorf("baseline: %w", err)
@@ -153,12 +155,12 @@ func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error
 				b := us(bl.Summary().Typical)
 				for _, tb := range r.Tables {
 					k := tb.Rows[0].TypicalUs
-					r.Baselines = append(r.Baselines, baseRow{Name: "tcp connect+rtt p50 vs " + tb.Rows[0].Label, Unit: "usec", Krfs: k, Baseline: b, Ratio: ratio(k, b)})
+					r.Baselines = append(r.Baselines, BaseRow{Name: "tcp connect+rtt p50 vs " + tb.Rows[0].Label, Unit: "usec", Krfs: k, Baseline: b, Ratio: ratio(k, b)})
 				}
 			}
-			if o.test == "meta_lookup" && len(r.Tables) == 2 {
+			if o.Test == "meta_lookup" && len(r.Tables) == 2 {
 				a, b := r.Tables[0].Rows[0].TypicalUs, r.Tables[1].Rows[0].TypicalUs
-				r.Baselines = append(r.Baselines, baseRow{Name: "one-sided p50 vs rpc p50", Unit: "usec", Krfs: a, Baseline: b, Ratio: ratio(a, b)})
+				r.Baselines = append(r.Baselines, BaseRow{Name: "one-sided p50 vs rpc p50", Unit: "usec", Krfs: a, Baseline: b, Ratio: ratio(a, b)})
 			}
 		}
 		p.end()
@@ -166,7 +168,8 @@ func runBenchTest(o *benchOpts, t benchTarget, p *progress) (*benchReport, error
 	return r, nil
 }
 
-func latTitle(test string) string {
+// LatTitle is the title of the latency table of test.
+func LatTitle(test string) string {
 	return map[string]string{
 		"read_lat":   "READ latency (synchronous, 1 outstanding)",
 		"write_lat":  "WRITE latency (synchronous, 1 outstanding)",
@@ -212,24 +215,57 @@ func timeLoop(n int, deadline func() time.Time, op func() error, prog func(k int
 	return lat, nil
 }
 
-func bwBaseline(r *benchReport, o *benchOpts, row bwRow) error {
-	if row.Bytes <= 4096 && o.outstanding > 1 && row.Bytes <= baseline.MaxUDPSize {
-		rate, err := baseline.EchoRate(o.outstanding, row.Bytes, 300*time.Millisecond)
+func bwBaseline(r *Report, o *Opts, row BWRow) error {
+	if row.Bytes <= 4096 && o.Outstanding > 1 && row.Bytes <= baseline.MaxUDPSize {
+		rate, err := baseline.EchoRate(o.Outstanding, row.Bytes, 300*time.Millisecond)
 		if err != nil {
 			return fmt.Errorf("baseline: %w", err)
 		}
 		k := row.MsgRateMpps * 1e3
 		b := rate / 1e3
-		r.Baselines = append(r.Baselines, baseRow{Bytes: row.Bytes, Name: fmt.Sprintf("sendmmsg echo x%d rate", o.outstanding), Unit: "kops/s", Krfs: k, Baseline: b, Ratio: ratio(k, b)})
+		r.Baselines = append(r.Baselines, BaseRow{Bytes: row.Bytes, Name: fmt.Sprintf("sendmmsg echo x%d rate", o.Outstanding), Unit: "kops/s", Krfs: k, Baseline: b, Ratio: ratio(k, b)})
 		return nil
 	}
 	total := min(int64(row.Bytes)*int64(row.Iterations), 512<<20)
 	total = max(total, int64(row.Bytes)*16)
-	bps, err := baseline.Loopback.TCPBandwidth(row.Bytes, total, o.outstanding)
+	bps, err := baseline.Loopback.TCPBandwidth(row.Bytes, total, o.Outstanding)
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
 	b := bps / (1 << 20)
-	r.Baselines = append(r.Baselines, baseRow{Bytes: row.Bytes, Name: fmt.Sprintf("tcp bandwidth depth %d", o.outstanding), Unit: "MiB/s", Krfs: row.AvgMiBs, Baseline: b, Ratio: ratio(row.AvgMiBs, b)})
+	r.Baselines = append(r.Baselines, BaseRow{Bytes: row.Bytes, Name: fmt.Sprintf("tcp bandwidth depth %d", o.Outstanding), Unit: "MiB/s", Krfs: row.AvgMiBs, Baseline: b, Ratio: ratio(row.AvgMiBs, b)})
 	return nil
+}
+
+// Main runs the benchmark o describes (validated) and writes its report
+// to stdout, a progress bar to stderr: all of `krfs bench` but the flags.
+func Main(o *Opts, stdout, stderr io.Writer) error {
+	var t Target
+	var err error
+	if o.Test == "fuse_noop_lat" {
+		size := slices.Max(o.Sizes())
+		path, unmount, err := mountNoop(size)
+		if err != nil {
+			return err
+		}
+		defer unmount()
+		o.Path = path
+	}
+	if o.APIMode() {
+		t, err = openAPITarget(o)
+	} else {
+		t, err = openFileTarget(o)
+	}
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	r, err := runBenchTest(o, t, NewProgress(stderr, o.Progress))
+	if err != nil {
+		return err
+	}
+	if a, ok := t.(*apiTarget); ok && a.v != nil {
+		r.Notes = append(r.Notes, fmt.Sprintf("VQP transport at the end: %v", a.v.Transport()))
+	}
+	return r.Write(stdout, o.JSON)
 }

@@ -1,0 +1,59 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/krfs/krfs/internal/baseline"
+)
+
+func TestBenchTables(t *testing.T) {
+	var lat baseline.Latencies
+	for i := 1; i <= 100; i++ {
+		lat = append(lat, time.Duration(i)*time.Microsecond)
+	}
+	r := &Report{Test: "read_lat", Mode: "api", Target: "x"}
+	r.AddLat(LatTitle("read_lat"), NewLatRow("", 8, lat))
+	r.AddLat(LatTitle("read_lat"), NewLatRow("", 16, lat))
+	r.Baselines = []BaseRow{{Bytes: 8, Name: "udp_pingpong p50", Unit: "usec", Krfs: 50.5, Baseline: 10, Ratio: 5.05}}
+	var out bytes.Buffer
+	r.Write(&out, false)
+	s := out.String()
+	for _, want := range []string{baseline.LatencyHeader, lat.Summary().Row(8), lat.Summary().Row(16), "ratio 5.05x"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("table lacks %q:\n%s", want, s)
+		}
+	}
+	if len(r.Tables) != 1 || r.Tables[0].Rows[1].P99Us != 99 || r.Tables[0].Rows[0].TypicalUs != 50.5 {
+		t.Errorf("rows %+v", r.Tables)
+	}
+	out.Reset()
+	r.Write(&out, true)
+	var back Report
+	if err := json.Unmarshal(out.Bytes(), &back); err != nil || back.Tables[0].Rows[0].P999Us != 100 {
+		t.Errorf("json %v: %s", err, out.String())
+	}
+
+	// 100 completions of 1 MiB, one every ms, then 10 more in 1 ms.
+	var done []time.Duration
+	for i := 1; i <= 100; i++ {
+		done = append(done, time.Duration(i)*time.Millisecond)
+	}
+	for i := 1; i <= 10; i++ {
+		done = append(done, 100*time.Millisecond+time.Duration(i)*100*time.Microsecond)
+	}
+	row := newBWRow(1<<20, done, 1)
+	if row.Iterations != 110 || math.Abs(row.AvgMiBs-110/0.101) > 0.01 || row.PeakMiBs != 5500 || math.Abs(row.MsgRateMpps-row.AvgMiBs/1e6) > 1e-9 {
+		t.Errorf("bw row %+v", row)
+	}
+	if !strings.HasPrefix(row.String(), " 1048576    110") {
+		t.Errorf("bw line %q", row.String())
+	}
+	if !strings.Contains(BWHeader, "BW peak[MiB/sec]") || !strings.Contains(BWHeader, "MsgRate[Mpps]") {
+		t.Error("header")
+	}
+}

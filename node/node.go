@@ -1,0 +1,222 @@
+// Package node composes a krfs node: a NIC (any verbs.Device), a meta
+// client (and, for a single-node cluster, an embedded meta server), a
+// qpcore node registered with the meta service, and the shared-memory
+// store its regions live in. It is what `krfs mount` runs under FUSE, and
+// what the benchmark's API mode runs without it.
+//
+// A Node is also the filesystem's fs.Backend (backend.go), reports its
+// resources in the shape of `rdma res show` (res.go), and feeds Prometheus
+// (metrics.go).
+//
+// Start-up, in order: the meta client (after starting the embedded server
+// if Config.Meta is empty), the qpcore node, registration with the meta
+// service (which may assign the gid; SetGID makes qpcore use it), then the
+// region store: regions an earlier run left in shared memory are mapped
+// and exported again under new keys, and the default region "mem" is
+// created if missing. Close undoes it in reverse.
+package node
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/krfs/krfs/internal/shm"
+	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
+)
+
+// DefaultStartTimeout bounds how long Start waits for the meta service.
+const DefaultStartTimeout = 10 * time.Second
+
+// Config describes a node.
+type Config struct {
+	// Device is the node's NIC. The node owns it from Start on: Close
+	// closes it, and so does a Start that fails.
+	Device verbs.Device
+	// Meta lists the meta servers. Empty runs an embedded meta server on
+	// Device, which other nodes join with Device's address.
+	Meta []netip.AddrPort
+	// QPCore configures the qpcore node (GID 0: assigned by the meta
+	// service when registering).
+	QPCore qpcore.Config
+	// NoRegister keeps the node out of the meta service: it reaches
+	// others but nobody reaches it (a benchmark client). Such a node has
+	// no region store either.
+	NoRegister bool
+	// MemSize is the size of the default region "mem"; 0 means no region
+	// store at all (the node exports nothing).
+	MemSize int64
+	// ShmDir is the directory of the region files; empty is
+	// shm.DefaultDir(gid).
+	ShmDir string
+	// StartTimeout bounds the wait for the meta service; 0 is
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
+}
+
+// Node is a running node.
+type Node struct {
+	dev      verbs.Device
+	core     *qpcore.Node
+	meta     *meta.Client
+	agent    *meta.Agent // nil with NoRegister
+	store    *shm.Store  // nil without a region store
+	srv      *meta.Server
+	metaDesc string
+	log      logrus.FieldLogger
+}
+
+// ParseMeta parses a --meta list, HOST:PORT[,HOST:PORT...]; empty entries
+// are skipped, so "" is an empty list.
+func ParseMeta(s string) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(f)
+		if err != nil {
+			return nil, fmt.Errorf("--meta %q: want HOST:PORT[,HOST:PORT...]", s)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
+
+// Start starts a node as cfg says; see the package doc for the sequence.
+// ctx bounds the start (with cfg.StartTimeout).
+func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, err error) {
+	if cfg.Device == nil {
+		return nil, fmt.Errorf("node: no device")
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = DefaultStartTimeout
+	}
+	n := &Node{dev: cfg.Device, log: log}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	dev := cfg.Device
+	servers := cfg.Meta
+	if len(servers) == 0 {
+		// The single-node default: an embedded meta service on this NIC.
+		if n.srv, err = meta.NewServer(dev, meta.ServerConfig{}); err != nil {
+			return nil, fmt.Errorf("embedded meta service: %w", err)
+		}
+		servers = []netip.AddrPort{dev.Addr()}
+		n.metaDesc = "embedded at " + dev.Addr().String()
+	} else {
+		n.metaDesc = fmt.Sprint(servers)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	defer cancel()
+	if n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers}); err != nil {
+		return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
+	}
+	if n.core, err = qpcore.NewNode(dev, n.meta, cfg.QPCore); err != nil {
+		return nil, err
+	}
+	if cfg.NoRegister {
+		return n, nil
+	}
+	// Register first when the gid is assigned: the region store is named
+	// after it.
+	if n.agent, err = n.meta.Register(ctx, n.core.Info(), meta.AgentConfig{}); err != nil {
+		return nil, fmt.Errorf("registering with the meta service: %w", err)
+	}
+	gid := n.agent.Info().GID
+	n.core.SetGID(gid)
+	if cfg.MemSize == 0 {
+		return n, nil
+	}
+	if err := n.openStore(cfg.ShmDir, gid, cfg.MemSize); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// openStore opens the region store, exports again the regions an earlier
+// run left in it (with their data, under new keys: peers find them
+// through the new incarnation's directory), and creates "mem" if missing.
+func (n *Node) openStore(dir string, gid uint32, mem int64) (err error) {
+	if dir == "" {
+		dir = shm.DefaultDir(gid)
+	}
+	if n.store, err = shm.Open(dir); err != nil {
+		return err
+	}
+	names, err := n.store.Names()
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		r, err := n.store.Map(name, -1, 0, -1, -1)
+		if err != nil {
+			return err
+		}
+		m, u, g, _, _ := n.store.Stat(name)
+		if _, err := n.export(r, uint32(m), uint32(u), uint32(g)); err != nil {
+			return fmt.Errorf("re-exporting region %s: %w", name, err)
+		}
+		n.log.Infof("region %s (%d bytes) recovered from %s", name, len(r.Mem), dir)
+	}
+	if n.store.Get("mem") == nil {
+		if _, err := n.Export("mem", mem, 0o666, 0, 0); err != nil {
+			return fmt.Errorf("default region: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close deregisters the node and stops everything Start started, the
+// device included.
+func (n *Node) Close() error {
+	if n.agent != nil {
+		if err := n.agent.Close(); err != nil {
+			n.log.Debugf("deregister: %v", err)
+		}
+	}
+	if n.core != nil {
+		n.core.Close()
+	}
+	if n.meta != nil {
+		n.meta.Close()
+	}
+	if n.srv != nil {
+		n.srv.Close()
+	}
+	if n.store != nil {
+		n.store.Close()
+	}
+	return n.dev.Close()
+}
+
+// Device is the node's NIC.
+func (n *Node) Device() verbs.Device { return n.dev }
+
+// Core is the node's qpcore node.
+func (n *Node) Core() *qpcore.Node { return n.core }
+
+// Meta is the node's meta client (its resolver).
+func (n *Node) Meta() *meta.Client { return n.meta }
+
+// MetaDesc describes the meta service for logs: its servers, or where the
+// embedded one runs.
+func (n *Node) MetaDesc() string { return n.metaDesc }
+
+// syncMemory makes the CPU's stores to exported memory visible to the
+// NIC, for devices that need it (softnic's engine; a hardware NIC reads
+// memory coherently).
+func (n *Node) syncMemory() {
+	if s, ok := n.dev.(interface{ SyncMemory() }); ok {
+		s.SyncMemory()
+	}
+}
