@@ -147,7 +147,6 @@ func (r *requester) progress(out *outbox) {
 	if q.state != verbs.StateRTS || r.rnrWait {
 		return
 	}
-	idle := !r.una.Less(r.sentHigh) // nothing was in flight
 	for r.tx < len(r.sq) {
 		w := r.sq[r.tx]
 		if w.done {
@@ -207,7 +206,7 @@ func (r *requester) progress(out *outbox) {
 		r.tx++
 	}
 	if r.una.Less(r.sentHigh) {
-		r.arm(idle)
+		r.arm()
 	}
 }
 
@@ -318,17 +317,8 @@ func (r *requester) emit(w *swqe, out *outbox) {
 	out.add(to, &h, payload)
 }
 
-// arm makes sure the QP's retransmission timer runs. There is one timer
-// per QP, not per operation: it stays armed when the send queue drains
-// (onTimer then finds nothing in flight and lets it lapse), so a QP that
-// runs one synchronous operation after another creates a timer about once
-// per Timeout instead of once per operation. idle says that nothing was
-// in flight before this transmission: the timeout counts from now.
-func (r *requester) arm(idle bool) {
+func (r *requester) arm() {
 	if r.armed {
-		if idle {
-			r.lastProgress = r.q.dev.clock.Now()
-		}
 		return
 	}
 	r.armed = true
@@ -470,7 +460,9 @@ func (r *requester) complete() {
 			r.tx = 0
 		}
 	}
-	// The timer stays armed when nothing is in flight (see arm).
+	if len(r.sq) == 0 || !r.una.Less(r.sentHigh) {
+		r.stopTimer()
+	}
 }
 
 func (r *requester) recycle(w *swqe) {
