@@ -27,6 +27,7 @@ const (
 	DefaultMsgTimeout   = 10 * time.Second
 	DefaultTick         = 20 * time.Millisecond
 	DefaultMemCacheMax  = 1024
+	DefaultMemCacheSize = 32 << 20
 )
 
 // Config configures a Node. Zero fields take the defaults above.
@@ -101,8 +102,17 @@ type Config struct {
 	MsgTimeout   time.Duration
 
 	// MemCacheMax bounds the cache of automatic registrations of caller
-	// buffers (see Node.Register).
-	MemCacheMax int
+	// buffers (see Node.Register) in entries, MemCacheSize in bytes: a
+	// cached registration keeps its buffer alive, so MemCacheSize bounds
+	// the memory the cache holds on to. A buffer larger than MemCacheSize
+	// is registered for its operation only.
+	MemCacheMax  int
+	MemCacheSize int
+
+	// NoDrive makes synchronous callers sleep until the dispatcher
+	// delivers their completion instead of receiving on their own
+	// goroutine (see verbs.DrivenCQ); for comparison and debugging.
+	NoDrive bool
 
 	// Tick is the housekeeping period (RC idle checks, passive QP reclaim).
 	Tick time.Duration
@@ -143,6 +153,7 @@ func (c *Config) setDefaults() {
 	def(&c.MsgThreshold, DefaultMsgThreshold)
 	defd(&c.MsgTimeout, DefaultMsgTimeout)
 	def(&c.MemCacheMax, DefaultMemCacheMax)
+	def(&c.MemCacheSize, DefaultMemCacheSize)
 	defd(&c.Tick, DefaultTick)
 	c.Clock = clock.OrSystem(c.Clock)
 	c.MaxRegions = min(c.MaxRegions, maxDirRecords)

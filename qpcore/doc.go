@@ -39,9 +39,13 @@
 //
 // Buffers are plain []byte and zero-copy: a READ's response lands in dst
 // and a WRITE is sent from src. qpcore registers a buffer on first use and
-// caches the registration by base address (Config.MemCacheMax entries,
-// LRU; a cached registration keeps its buffer reachable), so a pool of
-// reused buffers (go-fuse's, for example) is registered once. Register
+// caches the registration by base address (LRU, at most
+// Config.MemCacheMax entries and Config.MemCacheSize bytes, 32 MiB by
+// default; a cached registration keeps its buffer reachable, so the byte
+// bound is what keeps the node's memory from growing with I/O sizes), so a
+// pool of reused buffers (go-fuse's, for example) is registered once. A
+// buffer larger than MemCacheSize is registered for its operation only.
+// Stats reports the cache (MemCached, MemCachedBytes, MemUncached). Register
 // registers a buffer for good; any sub-slice of it can then be used. A
 // buffer belongs to the NIC from the call until the operation completes:
 // a synchronous call returns only then, even when ctx is cancelled after
@@ -134,7 +138,7 @@
 //
 // A node's footprint is the DCI pool, the RC pool (RCCap), the receive and
 // bounce buffers, the peer table (MaxPeers) and the registration cache
-// (MemCacheMax), all bounded by configuration and independent of the
+// (MemCacheMax entries, MemCacheSize bytes), all bounded by configuration and independent of the
 // number of nodes in the cluster: about 10 MiB of heap with the defaults,
 // 10,000 peers known and 1,000 VQPs open (BenchmarkQPCoreMemory).
 //
@@ -159,9 +163,16 @@
 // across a device call that waits for that goroutine.
 //
 // A dispatcher goroutine per node processes completions and does the
-// housekeeping (RC idle teardown, passive QP reclaim); goroutines waiting
-// for an operation help by polling the send CQ themselves, saving a
-// wake-up.
+// housekeeping (RC idle teardown, passive QP reclaim). A goroutine waiting
+// for a synchronous operation does not wait for the dispatcher: when the
+// device supports it (verbs.DrivenCQ) it drives, that is it may receive
+// packets for the device on its own goroutine and processes every send
+// completion it finds (its own, other callers', asynchronous ones) until
+// its operation is done; finishing another caller's operation wakes that
+// caller through the operation's channel and the CQ's Wake. While any
+// caller drives, the send CQ does not signal the dispatcher.
+// Config.NoDrive turns this off (callers then poll the send CQ when it
+// signals, and otherwise wait for the dispatcher).
 //
 // # Time
 //

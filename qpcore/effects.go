@@ -116,7 +116,12 @@ func (n *Node) deliver(o *op) {
 	case o.async:
 		o.v.complete(o)
 	default:
+		o.fin.Store(true)
 		o.done <- struct{}{}
+		if n.dscq != nil {
+			// Its waiter may be blocked receiving for the device.
+			n.dscq.Wake()
+		}
 	}
 }
 

@@ -25,22 +25,28 @@ type memEntry struct {
 
 // memCache finds the MR behind a caller's []byte. Explicit registrations
 // (Node.Register) are kept sorted and must not overlap; any other buffer
-// is registered on first use and cached by its base address, LRU-bounded.
-// A cached registration keeps its buffer reachable, so the address cannot
-// be reused for other memory while the entry lives.
+// is registered on first use and cached by its base address, LRU-bounded
+// in entries (max) and in bytes (maxBytes). A cached registration keeps its
+// buffer reachable, so the address cannot be reused for other memory while
+// the entry lives, and so the byte bound is what keeps a node's memory from
+// growing with the sizes of the buffers it was handed (FUSE request and
+// reply buffers, application slices). A buffer larger than maxBytes is
+// registered for its operation only (stats.uncached).
 type memCache struct {
-	pd  verbs.PD
-	max int
+	pd       verbs.PD
+	max      int
+	maxBytes int
 
 	mu       sync.Mutex // guards everything below and memEntry.refs/dead
 	explicit []*memEntry
 	auto     map[uintptr]*memEntry
 	lru      list.List // auto entries, front = most recent
-	stats    struct{ hits, misses, evictions uint64 }
+	bytes    int       // sum of the auto entries' lengths
+	stats    struct{ hits, misses, evictions, uncached uint64 }
 }
 
-func newMemCache(pd verbs.PD, max int) *memCache {
-	return &memCache{pd: pd, max: max, auto: make(map[uintptr]*memEntry)}
+func newMemCache(pd verbs.PD, max, maxBytes int) *memCache {
+	return &memCache{pd: pd, max: max, maxBytes: maxBytes, auto: make(map[uintptr]*memEntry)}
 }
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
@@ -76,6 +82,14 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 		return nil, 0, fmt.Errorf("qpcore: registering a local buffer: %w", err)
 	}
 	e := &memEntry{mr: mr, base: p, n: len(buf), refs: 1, auto: true}
+	if len(buf) > c.maxBytes {
+		// Too large to keep: this operation's put deregisters it.
+		e.dead = true
+		c.mu.Lock()
+		c.stats.uncached++
+		c.mu.Unlock()
+		return e, 0, nil
+	}
 	var victims []*memEntry
 	c.mu.Lock()
 	if old := c.auto[p]; old != nil {
@@ -83,7 +97,8 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 	}
 	c.auto[p] = e
 	e.elem = c.lru.PushFront(e)
-	for c.lru.Len() > c.max {
+	c.bytes += e.n
+	for c.lru.Len() > c.max || c.bytes > c.maxBytes {
 		c.dropLocked(c.lru.Back().Value.(*memEntry), &victims)
 		c.stats.evictions++
 	}
@@ -99,6 +114,7 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 func (c *memCache) dropLocked(e *memEntry, victims *[]*memEntry) {
 	delete(c.auto, e.base)
 	c.lru.Remove(e.elem)
+	c.bytes -= e.n
 	e.dead = true
 	if e.refs == 0 {
 		*victims = append(*victims, e)
@@ -174,6 +190,7 @@ func (c *memCache) close() {
 	}
 	c.explicit, c.auto = nil, map[uintptr]*memEntry{}
 	c.lru.Init()
+	c.bytes = 0
 	c.mu.Unlock()
 	for _, e := range all {
 		e.mr.Dereg()

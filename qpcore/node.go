@@ -25,8 +25,9 @@ type Node struct {
 	dev         verbs.Device
 	res         Resolver
 	pd          verbs.PD
-	scq         verbs.CQ // send completions of every DCI and RC QP
-	rcq         verbs.CQ // receive completions (DCT/SRQ and passive RC QPs)
+	scq         verbs.CQ       // send completions of every DCI and RC QP
+	dscq        verbs.DrivenCQ // scq, if synchronous callers can drive the device's receive (else nil)
+	rcq         verbs.CQ       // receive completions (DCT/SRQ and passive RC QPs)
 	target      *dct.Target
 	pool        *dct.Pool
 	dcis        []*dciSlot
@@ -104,6 +105,9 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if n.scq, err = dev.CreateCQ(sdepth); err != nil {
 		return nil, err
 	}
+	if d, ok := n.scq.(verbs.DrivenCQ); ok && !cfg.NoDrive {
+		n.dscq = d
+	}
 	if n.rcq, err = dev.CreateCQ(cfg.RecvBuffers + 64); err != nil {
 		return nil, err
 	}
@@ -124,7 +128,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if n.dir, err = newRegionDir(n.pd, cfg.MaxRegions, n.incarnation, sync); err != nil {
 		return nil, err
 	}
-	n.mem = newMemCache(n.pd, cfg.MemCacheMax)
+	n.mem = newMemCache(n.pd, cfg.MemCacheMax, cfg.MemCacheSize)
 	n.sinks.pd = n.pd
 	if err = n.msg.init(n); err != nil {
 		return nil, err

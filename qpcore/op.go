@@ -3,6 +3,7 @@ package qpcore
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/krfs/krfs/verbs"
@@ -172,6 +173,7 @@ type op struct {
 	retries int // re-lookups spent on it
 
 	done chan struct{} // sync ops: receives one value when done
+	fin  atomic.Bool   // sync ops: set before done is sent (a driver's condition)
 	err  error
 	old  uint64
 }

@@ -101,8 +101,13 @@ type Stats struct {
 	MsgSent, MsgRecv, MsgRendezvous, MsgDropped, MsgMalformed    uint64
 	MsgSmallBytes, MsgSmallCopied, MsgLargeBytes, MsgLargeCopied uint64
 
-	// Local buffer registrations: cache hits, misses, evictions.
-	MemHits, MemMisses, MemEvictions uint64
+	// Local buffer registrations: cache hits, misses, evictions, buffers
+	// too large to cache (registered per operation), and what the cache
+	// holds now (entries and bytes, at most Config.MemCacheMax and
+	// Config.MemCacheSize).
+	MemHits, MemMisses, MemEvictions, MemUncached uint64
+	MemCached                                     int
+	MemCachedBytes                                int
 }
 
 // Rejects is the total of pre-check refusals.
@@ -148,6 +153,7 @@ func (n *Node) Stats() Stats {
 	n.passiveMu.Unlock()
 	n.mem.mu.Lock()
 	s.MemHits, s.MemMisses, s.MemEvictions = n.mem.stats.hits, n.mem.stats.misses, n.mem.stats.evictions
+	s.MemCached, s.MemCachedBytes, s.MemUncached = n.mem.lru.Len(), n.mem.bytes, n.mem.stats.uncached
 	n.mem.mu.Unlock()
 	return s
 }

@@ -2,6 +2,7 @@ package qpcore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -385,13 +386,45 @@ func (v *VQP) complete(o *op) {
 // if it has not reached a QP; once posted, the op's memory belongs to the
 // NIC until its completion, which the transport's timeouts guarantee, so
 // wait does not return before it.
+//
+// When the device supports it (verbs.DrivenCQ), the caller drives: it may
+// receive on its own goroutine and process every send completion it finds
+// (its own, other callers', asynchronous ones) until its op is done, with
+// no hand-off through the dispatcher.
 func (n *Node) wait(ctx context.Context, o *op) {
+	if n.dscq != nil {
+		ready := func() bool {
+			if o.fin.Load() {
+				return true
+			}
+			n.pollSend(-1)
+			return o.fin.Load()
+		}
+		for {
+			err := n.dscq.Drive(ctx, o.done, ready)
+			if err == nil {
+				return
+			}
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				n.cancel1(o, ctx.Err())
+				ctx = context.Background()
+				continue
+			}
+			break // the device is closing: wait below
+		}
+		if o.fin.Load() {
+			return
+		}
+	}
 	done := ctx.Done()
 	for {
 		select {
 		case <-o.done:
 			return
 		case <-n.scq.Notify():
+			if o.fin.Load() {
+				return
+			}
 			n.pollSend(1)
 		case <-done:
 			n.cancel1(o, ctx.Err())

@@ -496,6 +496,48 @@ type CQ interface {
 	Destroy() error
 }
 
+// DrivenCQ is a CQ whose device can run its receive path on the waiting
+// goroutine: run-to-completion for synchronous operations. A caller that
+// posts a WR and waits for its completion with Drive may become the
+// device's receiver: it blocks in the device's receive call itself, handles
+// every packet it receives (for every QP and CQ of the device, not only its
+// own) and returns as soon as its own condition holds, instead of sleeping
+// until another thread receives the response and wakes it. That saves the
+// two thread wake-ups of a hand-off, which cost more than the network round
+// trip on a small machine.
+//
+// The device keeps one receive token: at most one goroutine receives at a
+// time (a caller of Drive, or the device's own receive goroutine when
+// nobody drives), and whoever holds it delivers everything it receives.
+// Callers that do not hold it sleep until their condition may have become
+// true or the token is handed to them.
+//
+// Contract:
+//   - ready is called on the caller's goroutine, before blocking and after
+//     every received packet batch and every wake-up; it may poll this CQ and
+//     act on the completions (post more WRs, finish other callers'
+//     operations), and reports whether the caller is done. It must not
+//     block and must not call Drive.
+//   - wake, if not nil, is a channel on which another goroutine sends after
+//     making this caller's ready true; Drive may consume the value.
+//   - Whoever makes some caller's ready true from another goroutine (for
+//     example by finishing its operation after polling the CQ) calls Wake
+//     afterwards, so that a caller blocked receiving looks again. Wake costs
+//     two atomic operations when nobody drives and a datagram to the device
+//     itself when a caller is blocked receiving.
+//   - While a Drive runs, completions added to the CQ do not signal Notify:
+//     the drivers' ready polls them. When the last Drive returns with
+//     completions left, Notify is signalled. A dispatcher waiting on Notify
+//     therefore does not compete with synchronous callers.
+//   - Drive returns nil once ready reported true, ctx.Err() when ctx ends
+//     first, and ErrClosed or ErrDestroyed when the device closes or the CQ
+//     is destroyed.
+type DrivenCQ interface {
+	CQ
+	Drive(ctx context.Context, wake <-chan struct{}, ready func() bool) error
+	Wake()
+}
+
 // SRQ is a shared receive queue.
 type SRQ interface {
 	PostRecv(wrs []RecvWR) error

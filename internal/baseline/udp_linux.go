@@ -311,13 +311,17 @@ func (m *msgs) reset() {
 // udpSock is a blocking UDP socket bound to a local address, with a
 // receive timeout of udpTimeout.
 type udpSock struct {
-	fd    int
-	local sockaddr
+	fd      int
+	local   sockaddr
+	localAP netip.AddrPort
 }
 
 // openUDP opens a socket bound to an ephemeral port of a. A positive
 // bufBytes sets both socket buffer sizes (best effort).
-func openUDP(a netip.Addr, bufBytes int) (*udpSock, error) {
+func openUDP(a netip.Addr, bufBytes int) (*udpSock, error) { return openUDPPort(a, 0, bufBytes) }
+
+// openUDPPort is openUDP on a given port (0: ephemeral).
+func openUDPPort(a netip.Addr, port uint16, bufBytes int) (*udpSock, error) {
 	family := unix.AF_INET6
 	if a.Is4() {
 		family = unix.AF_INET
@@ -327,17 +331,17 @@ func openUDP(a netip.Addr, bufBytes int) (*udpSock, error) {
 		return nil, fmt.Errorf("baseline: UDP socket: %w", err)
 	}
 	s := &udpSock{fd: fd}
-	if err := s.setup(a, bufBytes); err != nil {
+	if err := s.setup(a, port, bufBytes); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *udpSock) setup(a netip.Addr, bufBytes int) error {
-	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: a.As16()}
+func (s *udpSock) setup(a netip.Addr, bindPort uint16, bufBytes int) error {
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: a.As16(), Port: int(bindPort)}
 	if a.Is4() {
-		sa = &unix.SockaddrInet4{Addr: a.As4()}
+		sa = &unix.SockaddrInet4{Addr: a.As4(), Port: int(bindPort)}
 	}
 	if err := unix.Bind(s.fd, sa); err != nil {
 		return fmt.Errorf("baseline: bind UDP socket to %v: %w", a, err)
@@ -353,7 +357,8 @@ func (s *udpSock) setup(a netip.Addr, bufBytes int) error {
 	case *unix.SockaddrInet6:
 		port = got.Port
 	}
-	s.local.set(netip.AddrPortFrom(a, uint16(port)))
+	s.localAP = netip.AddrPortFrom(a, uint16(port))
+	s.local.set(s.localAP)
 	tv := unix.NsecToTimeval(udpTimeout.Nanoseconds())
 	if err := unix.SetsockoptTimeval(s.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return fmt.Errorf("baseline: SO_RCVTIMEO: %w", err)

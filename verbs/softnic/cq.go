@@ -2,10 +2,14 @@ package softnic
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/link"
 )
 
 // cq is a completion queue: a bounded FIFO of WCs with a notification
@@ -13,6 +17,7 @@ import (
 type cq struct {
 	dev    *Device
 	notify chan struct{}
+	driven atomic.Int32 // Drive calls in progress: completions do not signal notify
 
 	mu        sync.Mutex // guards the fields below
 	wcs       []verbs.WC // ring
@@ -21,27 +26,95 @@ type cq struct {
 	destroyed bool
 }
 
-var _ verbs.CQ = (*cq)(nil)
+var _ verbs.DrivenCQ = (*cq)(nil)
 
 func newCQ(d *Device, depth int) *cq {
 	return &cq{dev: d, notify: make(chan struct{}, 1), wcs: make([]verbs.WC, depth)}
 }
 
-// push adds a completion. On overflow the completion is dropped and
-// counted: like a hardware CQ overrun, that is the consumer's error.
-func (c *cq) push(wc verbs.WC) {
+// push adds a completion and reports whether it signalled Notify. On
+// overflow the completion is dropped and counted: like a hardware CQ
+// overrun, that is the consumer's error.
+func (c *cq) push(wc verbs.WC) bool {
 	c.mu.Lock()
 	if c.n == len(c.wcs) {
 		c.overflows++
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.wcs[(c.head+c.n)%len(c.wcs)] = wc
 	c.n++
 	c.mu.Unlock()
+	if c.driven.Load() > 0 {
+		// The drivers' ready polls it; one blocked receiving must look.
+		c.dev.wakeDrivers()
+		return false
+	}
 	select {
 	case c.notify <- struct{}{}:
 	default:
+	}
+	return true
+}
+
+// Drive implements verbs.DrivenCQ.
+func (c *cq) Drive(ctx context.Context, wake <-chan struct{}, ready func() bool) error {
+	drv, ok := c.dev.link.(link.Driver)
+	if !ok {
+		return c.waitReady(ctx, wake, ready)
+	}
+	if ctx.Done() != nil {
+		// A caller blocked receiving does not watch ctx: wake it.
+		stop := context.AfterFunc(ctx, drv.Wake)
+		defer stop()
+	}
+	c.driven.Add(1)
+	err := drv.Drive(ctx.Done(), wake, ready)
+	if c.driven.Add(-1) == 0 {
+		// A completion pushed while we drove did not signal Notify: do it
+		// now for whoever else consumes this CQ.
+		c.mu.Lock()
+		left := c.n > 0
+		c.mu.Unlock()
+		if left {
+			select {
+			case c.notify <- struct{}{}:
+			default:
+			}
+		}
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, link.ErrDone):
+		return ctx.Err()
+	case errors.Is(err, net.ErrClosed):
+		return verbs.ErrClosed
+	}
+	return err
+}
+
+// waitReady is Drive on a link that cannot drive: sleep on the CQ's
+// notifications and on wake.
+func (c *cq) waitReady(ctx context.Context, wake <-chan struct{}, ready func() bool) error {
+	for !ready() {
+		select {
+		case <-c.notify:
+		case <-wake:
+		case <-ctx.Done():
+			if ready() {
+				return nil
+			}
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Wake implements verbs.DrivenCQ.
+func (c *cq) Wake() {
+	if c.driven.Load() > 0 {
+		c.dev.wakeDrivers()
 	}
 }
 

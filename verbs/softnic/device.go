@@ -330,11 +330,18 @@ func (d *Device) clobbersLater(dst []byte) bool {
 	return false
 }
 
+// wakeDrivers makes a Drive caller blocked receiving look at its
+// condition again.
+func (d *Device) wakeDrivers() {
+	if drv, ok := d.link.(link.Driver); ok {
+		drv.Wake()
+	}
+}
+
 // RxUnlock implements link.Receiver: it sends what the batch produced
 // (responses, coalesced ACKs, newly allowed requests) in one link send.
 func (d *Device) RxUnlock() {
-	woke := len(d.rxWCs) > 0
-	d.flushRx()
+	woke := d.flushRx()
 	d.rxMu.Unlock()
 	if woke {
 		// Let a consumer just woken by a completion run on this thread now,
@@ -343,15 +350,22 @@ func (d *Device) RxUnlock() {
 	}
 }
 
-func (d *Device) flushRx() {
+// flushRx sends rxOut and delivers the completions held back; it reports
+// whether one of them woke a sleeping consumer (a Drive caller polls
+// instead).
+func (d *Device) flushRx() bool {
 	d.rxOut.flush(d)
 	d.rxGen++
 	d.rxOutMem = false
+	notified := false
 	for i, p := range d.rxWCs {
-		p.cq.push(p.wc)
+		if p.cq.push(p.wc) {
+			notified = true
+		}
 		d.rxWCs[i] = pendingWC{}
 	}
 	d.rxWCs = d.rxWCs[:0]
+	return notified
 }
 
 // beforeMemWrite must be called before the receive path changes MR memory:

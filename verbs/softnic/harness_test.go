@@ -31,6 +31,7 @@ type fabric struct {
 	f     faults
 	seed  uint64
 	clock link.Clock
+	open  func() link.Link // if set, makes every link (a test's own path)
 }
 
 var fabricKinds = []string{"fake", "udp"}
@@ -48,6 +49,9 @@ func newFabric(t testing.TB, kind string, f faults) *fabric {
 
 func (fb *fabric) link() link.Link {
 	t := fb.t
+	if fb.open != nil {
+		return fb.open()
+	}
 	if fb.net != nil {
 		return fb.net.NewLink()
 	}

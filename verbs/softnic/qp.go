@@ -28,8 +28,11 @@ const (
 	// ackEvery is how many packets of one message may go unacknowledged
 	// before the requester asks for an ACK (ACK coalescing).
 	ackEvery = 16
-	// windowPSNs bounds the PSNs in flight per QP.
-	windowPSNs = 1024
+	// windowPSNs bounds the PSNs in flight per QP: four 1 MiB READs at an
+	// Ethernet path MTU (about 725 PSNs each).
+	windowPSNs = 4096
+	// minPathMTU is the smallest payload per packet a QP uses.
+	minPathMTU = 256
 	// rnrInfinite is the RNRRetry value meaning "retry forever".
 	rnrInfinite = 7
 )
@@ -156,8 +159,8 @@ func (q *qp) Modify(a verbs.QPAttr) error {
 		return fmt.Errorf("%w: %v -> %v on %v QP %d", verbs.ErrTransition, from, to, q.typ, q.qpn)
 	}
 	if a.PathMTU != 0 {
-		if a.PathMTU < 256 || a.PathMTU > q.dev.maxMTU {
-			return fmt.Errorf("%w: path MTU %d outside [256, %d]", verbs.ErrInvalidArg, a.PathMTU, q.dev.maxMTU)
+		if a.PathMTU < minPathMTU || a.PathMTU > q.dev.maxMTU {
+			return fmt.Errorf("%w: path MTU %d outside [%d, %d]", verbs.ErrInvalidArg, a.PathMTU, minPathMTU, q.dev.maxMTU)
 		}
 	}
 	if a.RQPSN > wire.PSNMask || a.SQPSN > wire.PSNMask || a.RemoteQPN > wire.PSNMask {

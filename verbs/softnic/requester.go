@@ -174,7 +174,7 @@ func (r *requester) progress(out *outbox) {
 			}
 			w.assigned = true
 			w.first = r.nextPSN
-			w.mtu = uint32(q.attr.PathMTU)
+			w.mtu = uint32(q.pathMTU(w))
 			n := (w.length() + w.mtu - 1) / w.mtu
 			if n == 0 || w.wr.Op.IsAtomic() {
 				n = 1
@@ -208,6 +208,25 @@ func (r *requester) progress(out *outbox) {
 	if r.una.Less(r.sentHigh) {
 		r.arm()
 	}
+}
+
+// pathMTU is the payload per packet for w: the QP's path MTU, lowered so
+// that every packet of w (for a READ, every response) fits the route to the
+// peer unfragmented, whatever headers it carries.
+func (q *qp) pathMTU(w *swqe) int {
+	to, _ := q.remoteTarget()
+	hdr := wire.MaxHeaderLen // requests: any combination of extension headers
+	if w.wr.Op == verbs.OpRead {
+		hdr = wire.BaseLen + wire.AETHLen // READ responses
+		if q.dev.macKey != nil {
+			hdr += wire.MACLen
+		}
+	}
+	mtu := q.attr.PathMTU
+	if fit := q.dev.link.MaxDatagramTo(to) - hdr; fit < mtu {
+		mtu = max(fit, minPathMTU)
+	}
+	return mtu
 }
 
 // emit encodes request packet w.sent of w (for a READ: the request for the

@@ -27,13 +27,15 @@
 // expected by an in-progress transfer).
 //
 // Steer and Deliver of one packet (or one batch) are called on the same
-// goroutine, in that order, with no other Steer or Deliver of the same link
-// in between; Receiver.RxLock/RxUnlock bracket them so that the engine can
+// goroutine (the link's, or a Driver's caller holding the receive token),
+// in that order, with no other Steer or Deliver of the same link in
+// between; Receiver.RxLock/RxUnlock bracket them so that the engine can
 // keep steered memory alive (a flushed READ's buffer must not be written
 // after its completion was reported).
 package link
 
 import (
+	"errors"
 	"net/netip"
 
 	"github.com/krfs/krfs/clock"
@@ -64,6 +66,11 @@ type Link interface {
 	Start(r Receiver)
 	// MaxDatagram is the largest datagram the link carries.
 	MaxDatagram() int
+	// MaxDatagramTo is the largest datagram that reaches to without IP
+	// fragmentation (the path MTU less the IP and UDP headers), at most
+	// MaxDatagram. A link never fragments: a larger datagram is dropped
+	// and counted. It is cheap after the first call for a destination.
+	MaxDatagramTo(to netip.AddrPort) int
 	// Stats reports link counters.
 	Stats() Stats
 	// Close stops delivery and waits for the link's goroutines to exit.
@@ -78,6 +85,32 @@ type Stats struct {
 	TxErrors, RxErrors       uint64
 	Truncated                uint64 // datagrams too large for the receive buffers
 }
+
+// Driver is implemented by links whose receive call can run on the
+// goroutine of a caller waiting for a completion (run-to-completion, see
+// verbs.DrivenCQ). The link keeps one receive token: at most one goroutine
+// receives at a time, its own receive goroutine only while nobody drives,
+// and the holder delivers everything it receives to the Receiver given to
+// Start.
+type Driver interface {
+	// Drive calls ready, and while it reports false takes the receive
+	// token when it is free (or handed over) and receives and delivers
+	// packets on the calling goroutine, calling ready after each batch.
+	// Without the token it sleeps until wake receives, done is closed, or
+	// the token is handed to it. It returns nil once ready reported true,
+	// ErrDone when done was closed first, and net.ErrClosed after Close.
+	// On return the token passes to the next caller waiting for it, or
+	// back to the link's goroutine.
+	Drive(done, wake <-chan struct{}, ready func() bool) error
+	// Wake makes a caller blocked receiving in Drive call its ready again
+	// (by sending the link an empty datagram); it costs two atomic
+	// operations when no caller is blocked receiving.
+	Wake()
+}
+
+// ErrDone is returned by Driver.Drive when its done channel was closed
+// before ready reported true.
+var ErrDone = errors.New("link: drive abandoned (done closed)")
 
 // Receiver consumes packets from a link.
 type Receiver interface {

@@ -51,6 +51,9 @@ func (l *Link) LocalAddr() netip.AddrPort { return l.addr }
 // MaxDatagram returns Config.MaxDatagram.
 func (l *Link) MaxDatagram() int { return l.net.cfg.MaxDatagram }
 
+// MaxDatagramTo returns Config.MaxDatagram: the fake network has one MTU.
+func (l *Link) MaxDatagramTo(netip.AddrPort) int { return l.net.cfg.MaxDatagram }
+
 // Send copies pkts into the network, in order. A packet larger than
 // MaxDatagram is not sent; Send goes on with the rest and returns an error
 // wrapping syscall.EMSGSIZE. On a closed link it returns net.ErrClosed.

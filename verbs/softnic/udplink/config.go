@@ -65,6 +65,9 @@ type Counters struct {
 	RxSteered     uint64 // packets whose payload the kernel placed in steered memory
 	RxReassembled uint64 // steered packets whose header length was mispredicted, copied into scratch
 	RxMalformed   uint64 // packets delivered raw because their header did not parse
+	PMTUProbes    uint64 // route MTU look-ups (one per destination, again after TooBig)
+	TooBig        uint64 // packets the kernel refused with EMSGSIZE: larger than the path MTU (never fragmented)
+	Kicks         uint64 // Wake datagrams received (a driver blocked receiving had to look again)
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
 	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)

@@ -17,10 +17,11 @@
 //
 // # Receiving: header first, payload in place
 //
-// A single goroutine, started by Start, owns the receive side. It blocks in
-// recvmsg on a blocking socket (not in Go's netpoller, whose cross-CPU
-// wakeups cost more than the rest of a round trip; see docs/machine-notes.md), and per
-// datagram it
+// One goroutine at a time receives: the holder of the receive token (see
+// "Run to completion"), which is the link's own goroutine, started by
+// Start, while nobody drives. It blocks in recvmsg on a blocking socket
+// (not in Go's netpoller, whose cross-CPU wake-ups cost more than the rest
+// of a round trip on a small machine), and per datagram it
 //
 //  1. peeks (MSG_PEEK|MSG_TRUNC) the first wire.MaxHeaderLen bytes, the
 //     source address, the datagram's total length and, with GRO, the
@@ -60,6 +61,41 @@
 // past the 128th of a batch (more than the kernel ever coalesces). Steer and Deliver run on the
 // receive goroutine; they may call Send but must not call Close.
 //
+// # Run to completion
+//
+// Link implements link.Driver: a caller waiting for a completion can
+// receive on its own goroutine (Drive) instead of sleeping until the
+// receive goroutine delivers it, which saves the thread wake-ups of a
+// hand-off. The receive token decides who receives:
+//
+//   - Drive takes the token when it is free and then receives (blocking)
+//     and delivers until its ready function reports true; on return it
+//     hands the token to the oldest waiting Drive caller, or frees it.
+//     A caller that finds the token taken waits on its own channel, its
+//     wake channel, or its done channel, and checks ready again after
+//     registering, so a condition made true meanwhile is never missed.
+//   - The receive goroutine starts in blocking mode: it holds the token
+//     and blocks in recvmsg, so a link nobody drives (a responder) costs
+//     two receive calls per datagram as before. A driver that finds it
+//     there kicks it out (below); it hands the token over and switches to
+//     event mode: it waits in epoll_wait on an edge-triggered epoll, which
+//     does not take the datagram, and receives (without blocking) only
+//     what arrives while the token is free. While a driver holds the token
+//     the socket is removed from that epoll set, so a datagram the driver
+//     receives wakes no other thread; when the token is freed the socket
+//     is added back, which reports data already queued. After eight
+//     receives in a row with no driver in between it goes back to blocking
+//     mode.
+//   - Wake (used when a completion that some driver waits for was made by
+//     another goroutine) bumps a generation counter and, if a driver is
+//     blocked in recvmsg, sends the link's own address an empty datagram
+//     (a kick; one in flight at a time, counted in Counters.Kicks) that
+//     makes the recvmsg return. A driver publishes that it is about to
+//     block and then compares the generation with the one it read before
+//     its last ready call, so a Wake either sees the flag or is seen by
+//     the driver. The flag is cleared as soon as recvmsg returns, before
+//     anything is delivered, so deliveries do not kick an awake driver.
+//
 // # Sending
 //
 // Send turns a slice of packets into messages for one sendmmsg system call
@@ -84,6 +120,24 @@
 // EMSGSIZE (segment larger than the path MTU allows) only segments of
 // that size and larger are sent without GSO from then on
 // (Counters.GSOMaxSegment). Every rejection counts in GSOFallbacks.
+//
+// # Path MTU: never fragment
+//
+// The socket sends with IP_PMTUDISC_DO (IPV6_PMTUDISC_DO for IPv6), so the
+// kernel never cuts a softnic datagram into IP fragments: fragments defeat
+// GRO, and lost or duplicated ones fill the receiver's reassembly memory so
+// that every fragmented datagram to that host is dropped for ipfrag_time
+// (30 s). A datagram larger than the route allows fails with EMSGSIZE
+// instead, is counted (Counters.TooBig) and makes the link forget that
+// destination's cached MTU. MaxDatagramTo tells the engine how large a
+// datagram may be per destination: the route MTU (IP_MTU read on a probe
+// socket, opened in Open so that it lives in the link's network namespace,
+// connected to the destination for the look-up) less the IP and UDP
+// headers. The first look-up per destination costs a few microseconds
+// (Counters.PMTUProbes); later ones read a cache. On loopback (MTU 65536)
+// that is the full 65507 bytes; across an Ethernet path of MTU 1500 it is
+// 1472. GSO segments are single datagrams on the wire, so they obey the
+// same limit.
 //
 // # Threading and locks
 //

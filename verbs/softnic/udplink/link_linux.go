@@ -46,6 +46,21 @@ type Link struct {
 	gsoMax    atomic.Int64 // largest packet length sent with GSO; 0: GSO off
 	gsoWorked atomic.Bool  // a GSO message has been accepted by the kernel
 
+	pmtu pmtuCache
+
+	// Receiving (see drive_linux.go). r and rx are set by Start; rx is used
+	// only by the holder of the receive token.
+	r           link.Receiver
+	rx          *rxState
+	tok         rxToken
+	kickAddr    netip.AddrPort
+	inRecv      atomic.Bool   // a driver is (about to be) blocked in recvmsg
+	kickPending atomic.Bool   // a Wake datagram is on its way
+	wakeGen     atomic.Uint64 // bumped by every Wake
+	bgInRecv    atomic.Bool   // the receive goroutine is (about to be) blocked in recvmsg
+	driveSeq    atomic.Uint64 // bumped by every Drive that took the token
+	epfd        int           // edge-triggered epoll on fd for the receive goroutine's event mode
+
 	c counters
 }
 
@@ -58,6 +73,8 @@ type counters struct {
 	rxDatagrams, rxBytes, rxSyscalls, rxErrors atomic.Uint64
 	truncated, rxBatches, rxSteered            atomic.Uint64
 	rxReassembled, rxMalformed                 atomic.Uint64
+	_                                          [64]byte
+	pmtuProbes, tooBig, kicks                  atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -68,6 +85,8 @@ func Open(cfg Config) (*Link, error) {
 		return nil, err
 	}
 	l := &Link{fd: -1}
+	l.epfd = -1
+	l.pmtu.probeFd = -1
 	family := unix.AF_INET
 	if ap.Addr().Is6() {
 		family = unix.AF_INET6
@@ -79,6 +98,12 @@ func Open(cfg Config) (*Link, error) {
 	}
 	if err := l.setup(fd, ap, cfg); err != nil {
 		unix.Close(fd)
+		if l.pmtu.probeFd >= 0 {
+			unix.Close(l.pmtu.probeFd)
+		}
+		if l.epfd >= 0 {
+			unix.Close(l.epfd)
+		}
 		return nil, err
 	}
 	l.fd = fd
@@ -124,6 +149,20 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 		l.local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
 	l.maxDatagram = maxDatagramFor(ap.Addr())
+	l.kickAddr = kickAddrFor(l.local)
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
+	}
+	l.epfd = ep
+	l.tok.armed = true
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | (unix.EPOLLET & 0xffffffff), Fd: int32(fd)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
+	}
+	if err := l.setupPMTU(fd); err != nil {
+		return fmt.Errorf("udplink: path MTU discovery on %s: %w", ap, err)
+	}
 
 	if cfg.GSO {
 		// UDP_SEGMENT is readable on every kernel that implements it.
@@ -192,7 +231,9 @@ func (l *Link) Start(r link.Receiver) {
 		return
 	}
 	l.rxDone = make(chan struct{})
-	go l.rxLoop(r, newRxState(l.fd))
+	l.r = r
+	l.rx = newRxState(l.fd)
+	go l.rxLoop(r, l.rx)
 }
 
 // Close stops delivery, waits for the receive goroutine and for running
@@ -234,6 +275,16 @@ func (l *Link) close() error {
 	if err := unix.Close(fd); err != nil {
 		errs = append(errs, fmt.Errorf("udplink: close %s: %w", l.local, err))
 	}
+	if l.epfd >= 0 {
+		unix.Close(l.epfd)
+		l.epfd = -1
+	}
+	l.pmtu.mu.Lock()
+	if l.pmtu.probeFd >= 0 {
+		unix.Close(l.pmtu.probeFd)
+		l.pmtu.probeFd = -1
+	}
+	l.pmtu.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -263,6 +314,9 @@ func (l *Link) Counters() Counters {
 		RxSteered:     c.rxSteered.Load(),
 		RxReassembled: c.rxReassembled.Load(),
 		RxMalformed:   c.rxMalformed.Load(),
+		PMTUProbes:    c.pmtuProbes.Load(),
+		TooBig:        c.tooBig.Load(),
+		Kicks:         c.kicks.Load(),
 		TxGSOMessages: c.txGSOMessages.Load(),
 		TxDrops:       c.txDrops.Load(),
 		GSOFallbacks:  c.gsoFallbacks.Load(),

@@ -1,6 +1,7 @@
 package udplink
 
 import (
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -51,45 +52,156 @@ func newRxState(fd int) *rxState {
 	return rx
 }
 
-// rxLoop is the receive goroutine.
+// rxResult is what one receive attempt did.
+type rxResult int
+
+const (
+	rxGot     rxResult = iota // a datagram was delivered (or counted and dropped)
+	rxAgain                   // nothing to receive (MSG_DONTWAIT), EINTR, a kick, or a transient error
+	rxClosing                 // the link is closing
+)
+
+// recvOne receives and delivers one datagram. flags is 0 (block) or
+// MSG_DONTWAIT. The caller holds the receive token. blocked, if not nil,
+// is the flag that says the caller is blocked in recvmsg; it is cleared as
+// soon as the wait is over, before anything is delivered (deliveries may
+// call Wake, which must not kick a receiver that is awake).
+func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.Bool) rxResult {
+	total, gso, errno := rx.peek(flags)
+	if blocked != nil {
+		blocked.Store(false)
+	}
+	l.c.rxSyscalls.Add(1)
+	if l.closing.Load() {
+		return rxClosing
+	}
+	switch errno {
+	case 0:
+	case unix.EINTR, unix.EAGAIN:
+		return rxAgain
+	case unix.EBADF:
+		return rxClosing // cannot happen while Close waits for us; do not spin
+	default:
+		// Unexpected (ENOMEM, a stray socket error): count it, and do
+		// not spin on it if it persists.
+		l.c.rxErrors.Add(1)
+		time.Sleep(time.Millisecond)
+		return rxAgain
+	}
+	if total == 0 {
+		if rx.peekMsg.Namelen == 0 {
+			// shutdown: recvmsg returns 0 without a source address (an
+			// empty datagram has one).
+			return rxClosing
+		}
+		if l.isKick(addrPortFromRaw(&rx.from, rx.peekMsg.Namelen)) {
+			rx.consume(0)
+			l.c.rxSyscalls.Add(1)
+			l.kickPending.Store(false)
+			l.c.kicks.Add(1)
+			return rxAgain
+		}
+	}
+	l.receive(r, rx, total, gso)
+	return rxGot
+}
+
+// rxLoop is the link's receive goroutine; see "Run to completion" in the
+// package doc. It has two modes. Blocking: it holds the receive token and
+// blocks in recvmsg, as a plain receiver would (a Drive caller that wants
+// the token kicks it out). Event: it leaves receiving to Drive callers and
+// waits for data with an edge-triggered epoll, which does not take the
+// datagram; it receives only what arrives while nobody holds the token.
+// It switches to event mode when a driver appears and back to blocking
+// after receiving unassisted several times in a row.
 func (l *Link) rxLoop(r link.Receiver, rx *rxState) {
 	defer close(l.rxDone)
-	for {
-		total, gso, errno := rx.peek()
+	t := &l.tok
+	blocking := true
+	unassisted := 0
+	lastDrive := l.driveSeq.Load()
+	for !l.closing.Load() {
+		if blocking {
+			t.mu.Lock()
+			if t.holder != tokFree {
+				t.mu.Unlock()
+				blocking = false
+				continue
+			}
+			t.holder = tokLink
+			l.armLocked(true) // for event mode, when we leave this one
+			t.mu.Unlock()
+			// Publish that we block, then look for drivers: a driver
+			// registered before the store is seen here, one after it
+			// sees bgInRecv and kicks.
+			l.bgInRecv.Store(true)
+			res := rxAgain
+			if t.nwait.Load() == 0 {
+				res = l.recvOne(r, rx, 0, &l.bgInRecv)
+			}
+			l.bgInRecv.Store(false)
+			if t.nwait.Load() > 0 {
+				blocking = false
+				unassisted = 0
+			}
+			l.releaseToken()
+			if res == rxClosing {
+				return
+			}
+			continue
+		}
+		var ev [1]unix.EpollEvent
+		_, err := unix.EpollWait(l.epfd, ev[:], -1)
 		l.c.rxSyscalls.Add(1)
 		if l.closing.Load() {
 			return
 		}
-		switch errno {
-		case 0:
-		case unix.EINTR, unix.EAGAIN:
-			continue
-		case unix.EBADF:
-			return // cannot happen while Close waits for us; do not spin
-		default:
-			// Unexpected (ENOMEM, a stray socket error): count it, and do
-			// not spin on it if it persists.
+		if err != nil && err != unix.EINTR {
 			l.c.rxErrors.Add(1)
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		if total == 0 && rx.peekMsg.Namelen == 0 {
-			// shutdown: recvmsg returns 0 without a source address (an
-			// empty datagram has one).
+		t.mu.Lock()
+		if t.holder != tokFree {
+			// A driver took the token meanwhile and receives it; when it
+			// leaves, re-adding the socket reports what is left.
+			t.mu.Unlock()
+			continue
+		}
+		t.holder = tokLink
+		t.mu.Unlock()
+		got, res := 0, rxGot
+		for got < 64 && t.nwait.Load() == 0 {
+			if res = l.recvOne(r, rx, unix.MSG_DONTWAIT, nil); res != rxGot {
+				break
+			}
+			got++
+		}
+		l.releaseToken()
+		if res == rxClosing {
 			return
 		}
-		l.receive(r, rx, total, gso)
+		if seq := l.driveSeq.Load(); seq != lastDrive {
+			lastDrive, unassisted = seq, 0
+		} else if got > 0 {
+			unassisted++
+			blocking = unassisted >= bgBlockAfter
+		}
 	}
 }
 
+// bgBlockAfter is how many receives in a row the receive goroutine makes
+// with no driver in between before it goes back to blocking in recvmsg.
+const bgBlockAfter = 8
+
 // peek reads the head of the next datagram without consuming it and
 // returns its total length and its GRO segment size (0 if not a batch).
-func (rx *rxState) peek() (total, gso int, errno unix.Errno) {
+func (rx *rxState) peek(flags int) (total, gso int, errno unix.Errno) {
 	rx.peekMsg.Namelen = unix.SizeofSockaddrAny
 	rx.peekMsg.SetControllen(len(rx.ctrl) * 8)
 	rx.peekMsg.Flags = 0
 	n, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(rx.fd),
-		uintptr(unsafe.Pointer(&rx.peekMsg)), unix.MSG_PEEK|unix.MSG_TRUNC)
+		uintptr(unsafe.Pointer(&rx.peekMsg)), uintptr(unix.MSG_PEEK|unix.MSG_TRUNC|flags))
 	if e != 0 {
 		return 0, 0, e
 	}

@@ -203,6 +203,13 @@ func (l *Link) failed(e unix.Errno, to netip.AddrPort, n int) error {
 		l.c.txDrops.Add(uint64(n))
 		return nil
 	}
+	if e == unix.EMSGSIZE {
+		// Larger than the route MTU and not allowed to fragment: the
+		// route's MTU shrank (ICMP) or the cache is stale. Probe again
+		// before the next message.
+		l.c.tooBig.Add(uint64(n))
+		l.forgetPMTU(to)
+	}
 	return fmt.Errorf("udplink: send to %v from %v: %w", to, l.local, e)
 }
 

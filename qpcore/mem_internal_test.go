@@ -1,0 +1,80 @@
+package qpcore
+
+import (
+	"testing"
+
+	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/softnictest"
+)
+
+// TestMemCacheBoundedInBytes registers buffers of growing sizes through the
+// automatic cache and checks that the bytes it holds never exceed the
+// bound, that a buffer larger than the bound is registered for its
+// operation only, and that every registration is gone once released and
+// evicted (the device's MR count).
+func TestMemCacheBoundedInBytes(t *testing.T) {
+	net := softnictest.NewNetwork(softnictest.Config{})
+	defer net.Close()
+	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 1 << 20
+	c := newMemCache(pd, 1024, bound)
+	var bufs [][]byte
+	for i := range 64 {
+		b := make([]byte, 4096<<(i%8)) // 4 KiB .. 512 KiB
+		bufs = append(bufs, b)
+		e, _, err := c.get(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.put(e)
+		if c.bytes > bound {
+			t.Fatalf("after %d buffers the cache holds %d bytes, bound %d", i+1, c.bytes, bound)
+		}
+	}
+	if c.stats.evictions == 0 {
+		t.Error("no evictions although 64 buffers exceed the byte bound")
+	}
+	// A hit keeps its entry; the most recent buffer is still cached.
+	last := bufs[len(bufs)-1]
+	hits := c.stats.hits
+	e, _, err := c.get(last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.put(e)
+	if c.stats.hits != hits+1 {
+		t.Error("the most recently used buffer was not a cache hit")
+	}
+
+	// Larger than the bound: registered, usable, not cached, deregistered
+	// by put.
+	mrs := dev.Stats().MRs
+	huge := make([]byte, bound+1)
+	e, _, err = c.get(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev.Stats().MRs != mrs+1 || c.auto[addrOf(huge)] != nil {
+		t.Fatalf("a buffer over the bound: MRs %d -> %d, cached %v", mrs, dev.Stats().MRs, c.auto[addrOf(huge)] != nil)
+	}
+	c.put(e)
+	if dev.Stats().MRs != mrs || c.stats.uncached != 1 {
+		t.Errorf("after put: MRs %d (want %d), uncached %d (want 1)", dev.Stats().MRs, mrs, c.stats.uncached)
+	}
+	// The device's MRs are exactly the cached entries.
+	if dev.Stats().MRs != c.lru.Len() {
+		t.Errorf("device has %d MRs, the cache %d entries", dev.Stats().MRs, c.lru.Len())
+	}
+	c.close()
+	if dev.Stats().MRs != 0 || c.bytes != 0 {
+		t.Errorf("after close: %d MRs, %d bytes", dev.Stats().MRs, c.bytes)
+	}
+}

@@ -1,0 +1,270 @@
+package udplink
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/krfs/krfs/verbs/softnic/link"
+)
+
+var _ link.Driver = (*Link)(nil)
+
+// Receive-token holders.
+const (
+	tokFree   = iota
+	tokLink   // the link's receive goroutine, receiving without blocking
+	tokDriver // a Drive caller
+)
+
+// rxToken decides who may receive. See "Run to completion" in the package
+// doc.
+type rxToken struct {
+	mu      sync.Mutex // guards the fields below except nwait
+	holder  int
+	waiters []*driveWaiter // Drive callers waiting for the token, oldest first
+	armed   bool           // the socket is in the receive goroutine's epoll set (it is, unless a driver holds the token)
+	nwait   atomic.Int32   // len(waiters), readable without mu
+}
+
+// driveWaiter is a Drive caller waiting for the token.
+type driveWaiter struct {
+	ch      chan struct{} // cap 1: the token was handed over
+	granted bool          // guarded by rxToken.mu
+}
+
+var waiterPool = sync.Pool{New: func() any { return &driveWaiter{ch: make(chan struct{}, 1)} }}
+
+// releaseToken passes the token to the oldest waiting driver, or frees it
+// (the receive goroutine's epoll reports whatever arrives from now on).
+func (l *Link) releaseToken() {
+	t := &l.tok
+	t.mu.Lock()
+	l.releaseLocked()
+}
+
+// releaseLocked is releaseToken with tok.mu held; it unlocks it.
+func (l *Link) releaseLocked() {
+	t := &l.tok
+	if len(t.waiters) > 0 {
+		w := t.waiters[0]
+		copy(t.waiters, t.waiters[1:])
+		t.waiters[len(t.waiters)-1] = nil
+		t.waiters = t.waiters[:len(t.waiters)-1]
+		t.nwait.Add(-1)
+		t.holder = tokDriver
+		w.granted = true
+		t.mu.Unlock()
+		w.ch <- struct{}{}
+		return
+	}
+	if t.holder == tokDriver {
+		// Whatever arrived since the driver's last receive, and anything
+		// later, wakes the receive goroutine.
+		l.armLocked(true)
+	}
+	t.holder = tokFree
+	t.mu.Unlock()
+}
+
+// armLocked adds the socket to (on) or removes it from the receive
+// goroutine's epoll interest. Adding it reports data already queued. While
+// a driver holds the token, arrivals would only wake the receive goroutine
+// for nothing (the driver receives them), so the socket is removed.
+func (l *Link) armLocked(on bool) {
+	t := &l.tok
+	if t.armed == on || l.epfd < 0 {
+		return
+	}
+	ev := unix.EpollEvent{Fd: int32(l.fd)}
+	if on {
+		ev.Events = unix.EPOLLIN | unix.EPOLLRDHUP | (unix.EPOLLET & 0xffffffff)
+	}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, l.fd, &ev); err != nil {
+		l.c.rxErrors.Add(1)
+		return
+	}
+	t.armed = on
+}
+
+// Drive implements link.Driver.
+func (l *Link) Drive(done, wake <-chan struct{}, ready func() bool) error {
+	t := &l.tok
+	for {
+		if ready() {
+			return nil
+		}
+		if l.closing.Load() {
+			return ErrClosed
+		}
+		t.mu.Lock()
+		if t.holder == tokFree {
+			t.holder = tokDriver
+			l.armLocked(false)
+			t.mu.Unlock()
+			return l.hold(done, ready)
+		}
+		w := waiterPool.Get().(*driveWaiter)
+		t.waiters = append(t.waiters, w)
+		t.nwait.Add(1)
+		t.mu.Unlock()
+		if l.bgInRecv.Load() {
+			l.kick() // the receive goroutine blocks in recvmsg: make it hand over
+		}
+		// Look again now that a release will see us: whatever made ready
+		// true before this point is seen here, anything later wakes us.
+		if !ready() {
+			select {
+			case <-w.ch:
+			case <-wake:
+			case <-done:
+			}
+		}
+		t.mu.Lock()
+		granted := w.granted
+		if !granted {
+			for i, x := range t.waiters {
+				if x == w {
+					t.waiters = append(t.waiters[:i], t.waiters[i+1:]...)
+					t.nwait.Add(-1)
+					break
+				}
+			}
+		}
+		t.mu.Unlock()
+		if granted {
+			select {
+			case <-w.ch: // consume the hand-over if the select above did not
+			default:
+			}
+		}
+		w.granted = false
+		waiterPool.Put(w)
+		if granted {
+			return l.hold(done, ready)
+		}
+		select {
+		case <-done:
+			if !ready() {
+				return link.ErrDone
+			}
+			return nil
+		default:
+		}
+	}
+}
+
+// hold receives on the caller's goroutine while it holds the token, until
+// ready, done or Close; then it passes the token on.
+func (l *Link) hold(done <-chan struct{}, ready func() bool) error {
+	if !l.fdMu.TryRLock() {
+		l.releaseToken()
+		return ErrClosed // Close is waiting for the descriptor
+	}
+	l.driveSeq.Add(1)
+	err := l.holdLocked(done, ready)
+	l.releaseDriver()
+	l.fdMu.RUnlock()
+	return err
+}
+
+func (l *Link) holdLocked(done <-chan struct{}, ready func() bool) error {
+	if l.fd < 0 || l.closing.Load() {
+		return ErrClosed
+	}
+	rx := l.rx
+	for {
+		gen := l.wakeGen.Load()
+		if ready() {
+			return nil
+		}
+		if done != nil {
+			select {
+			case <-done:
+				return link.ErrDone
+			default:
+			}
+		}
+		// Publish that we are about to block, then check that nobody
+		// called Wake since ready ran: a Wake before the store is seen by
+		// the check, a Wake after it sees inRecv and kicks.
+		l.inRecv.Store(true)
+		if l.wakeGen.Load() != gen {
+			l.inRecv.Store(false)
+			continue
+		}
+		res := l.recvOne(l.r, rx, 0, &l.inRecv)
+		l.inRecv.Store(false)
+		if res == rxClosing {
+			return ErrClosed
+		}
+	}
+}
+
+// releaseDriver gives the token up after a Drive.
+func (l *Link) releaseDriver() { l.releaseToken() }
+
+// Wake implements link.Driver.
+func (l *Link) Wake() {
+	l.wakeGen.Add(1)
+	if l.inRecv.Load() {
+		l.kick()
+	}
+}
+
+// kick sends the link an empty datagram, which makes whoever blocks in
+// recvmsg return (and is then dropped). One is in flight at a time.
+func (l *Link) kick() {
+	if !l.kickPending.CompareAndSwap(false, true) {
+		return
+	}
+	if !l.fdMu.TryRLock() {
+		return // closing: shutdown wakes every receiver
+	}
+	defer l.fdMu.RUnlock()
+	if l.fd < 0 {
+		return
+	}
+	var sa unix.RawSockaddrInet6
+	n := putSockaddr(&sa, l.kickAddr, l.v6)
+	var msg unix.Msghdr
+	msg.Name = (*byte)(unsafe.Pointer(&sa))
+	msg.Namelen = n
+	for {
+		_, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(l.fd), uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT)
+		if e != unix.EINTR {
+			if e != 0 {
+				// A full buffer holds datagrams the receiver will wake
+				// for anyway; anything else is counted.
+				l.kickPending.Store(false)
+				if e != unix.EAGAIN && e != unix.ENOBUFS {
+					l.c.txErrors.Add(1)
+				}
+			}
+			return
+		}
+	}
+}
+
+// kickAddrFor is where Wake sends its empty datagram: the link's own
+// address, or loopback when it is bound to the unspecified address.
+func kickAddrFor(local netip.AddrPort) netip.AddrPort {
+	a := local.Addr()
+	if a.IsUnspecified() {
+		if a.Is6() {
+			a = netip.IPv6Loopback()
+		} else {
+			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+	}
+	return netip.AddrPortFrom(a, local.Port())
+}
+
+// isKick reports whether an empty datagram from from is this link's own
+// Wake.
+func (l *Link) isKick(from netip.AddrPort) bool {
+	return from.Port() == l.local.Port() && (from.Addr() == l.kickAddr.Addr().Unmap() || from.Addr() == l.local.Addr())
+}
