@@ -25,6 +25,9 @@ import (
 	"github.com/krfs/krfs/verbs"
 )
 
+// enum ibv_wc_flags (used only with cgo; translate.go has the rest).
+const ibvWCWithImm = 1 << 1
+
 // Built reports whether this binary has the libibverbs backend.
 const Built = true
 

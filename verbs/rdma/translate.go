@@ -42,9 +42,6 @@ const (
 	ibvWCRecv           = 128
 	ibvWCRecvRDMAWithIm = 129
 
-	// enum ibv_wc_flags
-	ibvWCWithImm = 1 << 1
-
 	// enum ibv_wr_opcode
 	ibvWRRDMAWrite        = 0
 	ibvWRRDMAWriteWithImm = 1
