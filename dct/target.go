@@ -44,6 +44,10 @@ type TargetConfig struct {
 	Access verbs.Access
 	// MinRNRTimer is the RNR delay asked of senders.
 	MinRNRTimer time.Duration
+	// NoDCT creates only the SRQ, for a device without DC transport: RC
+	// QPs share it, DCTN is 0 and Key is 0 (what a node publishes to say
+	// that it has no DCT).
+	NoDCT bool
 }
 
 // Target is a node's DCT and the SRQ its SENDs land in. It is immutable
@@ -73,6 +77,9 @@ func NewTarget(pd verbs.PD, recvCQ verbs.CQ, cfg TargetConfig) (*Target, error) 
 	if err != nil {
 		return nil, fmt.Errorf("dct: creating SRQ: %w", err)
 	}
+	if cfg.NoDCT {
+		return &Target{srq: srq}, nil
+	}
 	q, err := pd.CreateQP(verbs.QPConfig{Type: verbs.DCT, RecvCQ: recvCQ, SRQ: srq, DCKey: cfg.Key})
 	if err != nil {
 		srq.Destroy()
@@ -90,13 +97,19 @@ func NewTarget(pd verbs.PD, recvCQ verbs.CQ, cfg TargetConfig) (*Target, error) 
 	return t, nil
 }
 
-// DCTN is the DCT's number, which peers put in their DCTarget.
-func (t *Target) DCTN() uint32 { return t.qp.QPN() }
+// DCTN is the DCT's number, which peers put in their DCTarget; 0 without
+// a DCT.
+func (t *Target) DCTN() uint32 {
+	if t.qp == nil {
+		return 0
+	}
+	return t.qp.QPN()
+}
 
 // Key is the DC key.
 func (t *Target) Key() uint64 { return t.key }
 
-// QP is the DCT itself.
+// QP is the DCT itself (nil without a DCT).
 func (t *Target) QP() verbs.QP { return t.qp }
 
 // SRQ is the shared receive queue of the DCT (RC QPs may share it too).
@@ -104,7 +117,10 @@ func (t *Target) SRQ() verbs.SRQ { return t.srq }
 
 // Close destroys the DCT, then its SRQ.
 func (t *Target) Close() error {
-	err1 := t.qp.Destroy()
+	var err1 error
+	if t.qp != nil {
+		err1 = t.qp.Destroy()
+	}
 	if errors.Is(err1, verbs.ErrDestroyed) {
 		err1 = nil
 	}

@@ -69,6 +69,14 @@ type Config struct {
 	RCIdle      time.Duration
 	DisableRC   bool
 
+	// NoDC runs the node RC-only, for a device without DC transport (rxe,
+	// siw, RNICs other than mlx5; see nic.Opened.DC): the node creates no
+	// DCI and no DCT, publishes DCT number 0, and reaches every peer over
+	// an RC QP connected on first use. A node with DC reaches a peer that
+	// published DCT number 0 the same way, whatever DisableRC says. RCCap
+	// still bounds the active RC QPs: see "RC-only" in the package doc.
+	NoDC bool
+
 	// NoCoalesce posts every synchronous operation at once. By default a
 	// synchronous operation that finds others of its peer in flight waits
 	// in the peer's queue, and the next completion posts everything that

@@ -49,6 +49,9 @@ var (
 	ErrRemote          = newError("remote operation failed", syscall.EIO)
 	ErrDirectory       = newError("peer's region directory unreadable", syscall.EIO)
 	ErrTimeout         = newError("timed out", syscall.ETIMEDOUT)
+	// ErrRCPoolFull: an RC-only peer waited PeerTimeout for a slot of the
+	// RC pool (RCCap QPs, none idle to reclaim).
+	ErrRCPoolFull = newError("RC pool full: no RC QP idle to reclaim", syscall.EBUSY)
 )
 
 // Errors of region export.

@@ -48,9 +48,10 @@ type Node struct {
 	dcMu sync.Mutex // guards arb and every peer.grant
 	arb  *dct.Arbiter[*peer]
 
-	rcMu    sync.Mutex // guards rcCount and rcConns
-	rcCount int        // RC QPs reserved: connecting, ready or draining
-	rcConns []*rcConn  // ready or draining
+	rcMu    sync.Mutex    // guards rcCount and rcConns
+	rcCount int           // RC QPs reserved: connecting, ready or draining
+	rcConns []*rcConn     // ready or draining
+	rcFreed chan struct{} // closed when a slot is freed, if an RC-only connection waits
 
 	// passiveMu guards passive. The device's receive goroutine takes it
 	// (accept), so it is never held while calling a device function that
@@ -101,7 +102,11 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if n.pd, err = dev.AllocPD(); err != nil {
 		return nil, err
 	}
-	sdepth := cfg.DCIs*cfg.DCIDepth + cfg.RCCap*cfg.RCDepth + 64
+	dcis := cfg.DCIs
+	if cfg.NoDC {
+		dcis = 0
+	}
+	sdepth := dcis*cfg.DCIDepth + cfg.RCCap*cfg.RCDepth + 64
 	if n.scq, err = dev.CreateCQ(sdepth); err != nil {
 		return nil, err
 	}
@@ -111,16 +116,23 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if n.rcq, err = dev.CreateCQ(cfg.RecvBuffers + 64); err != nil {
 		return nil, err
 	}
-	if n.target, err = dct.NewTarget(n.pd, n.rcq, dct.TargetConfig{SRQDepth: cfg.RecvBuffers}); err != nil {
+	if n.target, err = dct.NewTarget(n.pd, n.rcq, dct.TargetConfig{SRQDepth: cfg.RecvBuffers, NoDCT: cfg.NoDC}); err != nil {
 		return nil, err
 	}
-	if n.pool, err = dct.NewPool(n.pd, n.scq, dct.PoolConfig{DCIs: cfg.DCIs, Depth: cfg.DCIDepth, PeerTimeout: cfg.PeerTimeout}); err != nil {
-		return nil, err
+	if cfg.NoDC {
+		// No DCI: every peer is RC-only and never asks the arbiter, which
+		// exists (with one slot no one takes) so that the code reading it
+		// need not check.
+		n.arb = dct.NewArbiter[*peer](1, cfg.DCIQuota)
+	} else {
+		if n.pool, err = dct.NewPool(n.pd, n.scq, dct.PoolConfig{DCIs: cfg.DCIs, Depth: cfg.DCIDepth, PeerTimeout: cfg.PeerTimeout}); err != nil {
+			return nil, err
+		}
+		for i := range n.pool.Len() {
+			n.dcis = append(n.dcis, &dciSlot{idx: i, qp: n.pool.QP(i)})
+		}
+		n.arb = dct.NewArbiter[*peer](n.pool.Len(), cfg.DCIQuota)
 	}
-	for i := range n.pool.Len() {
-		n.dcis = append(n.dcis, &dciSlot{idx: i, qp: n.pool.QP(i)})
-	}
-	n.arb = dct.NewArbiter[*peer](n.pool.Len(), cfg.DCIQuota)
 	var sync func()
 	if s, ok := dev.(interface{ SyncMemory() }); ok {
 		sync = s.SyncMemory

@@ -175,6 +175,7 @@ type peer struct {
 	dcq       opQueue
 
 	// RC connection.
+	rcOnly    bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
 	rcPhase   rcPhase
 	rc        *rcConn
 	rcq       opQueue
@@ -207,6 +208,7 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 	old := p.info
 	p.info = info
 	p.target = verbs.DCTarget{Addr: info.Addr, DCTN: info.DCTN, DCKey: info.DCKey}
+	p.rcOnly = p.n.cfg.NoDC || info.DCTN == 0
 	if old.Incarnation != info.Incarnation || old.DirRKey != info.DirRKey || old.DirLen != info.DirLen {
 		p.dirValid = false
 		p.dir = nil
@@ -268,7 +270,7 @@ func (n *Node) peerRef(ctx context.Context, gid uint32) (*peer, error) {
 	}
 	n.stats.connectMisses.Add(1)
 	info, err := n.res.Lookup(ctx, gid)
-	if err == nil && (info.GID != gid || !info.Addr.IsValid() || info.DCTN == 0) {
+	if err == nil && (info.GID != gid || !info.Addr.IsValid()) {
 		err = fmt.Errorf("qpcore: resolver returned unusable metadata %+v for gid %d", info, gid)
 	}
 	if err != nil {

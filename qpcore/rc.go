@@ -1,8 +1,11 @@
 package qpcore
 
 import (
+	"cmp"
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -31,44 +34,59 @@ import (
 
 // connectRC builds an RC QP to p (goroutine).
 func (n *Node) connectRC(p *peer) {
-	fail := func(q verbs.QP, reserved bool) {
+	p.mu.Lock()
+	rcOnly := p.rcOnly
+	p.mu.Unlock()
+	fail := func(q verbs.QP, reserved bool, why error) {
+		e := newEffects()
 		p.mu.Lock()
 		if p.rcPhase == rcConnecting {
 			p.setRCLocked(rcNone)
 		}
 		p.rcRetryAt = n.clock.Now().Add(n.cfg.RCWindow)
+		if rcOnly && p.rcOnly && p.rc == nil {
+			// Nothing else can carry the peer's operations: they fail.
+			for _, o := range p.dcq.take() {
+				n.finishLocked(p, o, why, e)
+			}
+		}
 		p.mu.Unlock()
+		n.apply(e)
 		if q != nil {
 			q.Destroy()
 		}
 		if reserved {
-			n.rcMu.Lock()
-			n.rcCount--
-			n.rcMu.Unlock()
+			n.freeRCSlot()
 		}
 	}
-	if !n.reserveRC() {
-		fail(nil, false)
+	// The connection, slot wait included, takes at most PeerTimeout.
+	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
+	defer cancel()
+	if rcOnly {
+		if err := n.reserveRCWait(ctx); err != nil {
+			fail(nil, false, err)
+			return
+		}
+	} else if !n.reserveRC() {
+		fail(nil, false, nil)
 		return
 	}
 	q, err := n.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: n.scq, RecvCQ: n.rcq,
 		Caps: verbs.QPCaps{MaxSendWR: n.cfg.RCDepth, MaxRecvWR: 1}})
 	if err != nil {
 		n.stats.rcConnectFailures.Add(1)
-		fail(nil, true)
+		fail(nil, true, fmt.Errorf("qpcore: creating an RC QP for gid %d: %w", p.gid, err))
 		return
 	}
 	p.mu.Lock()
 	info := p.info
 	p.mu.Unlock()
-	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
 	_, err = n.dev.ConnectRC(ctx, q, info.Addr, rcService, verbs.ConnParams{
 		Timeout: n.ackTimeout, RetryCnt: 7, RNRRetry: 6,
 		Private: encodeRCPrivate(n.gid.Load(), info.Incarnation)})
-	cancel()
 	if err != nil {
 		n.stats.rcConnectFailures.Add(1)
-		fail(q, true)
+		fail(q, true, fmt.Errorf("%w: gid %d: RC connection: %w", ErrPeerUnreachable, p.gid, err))
 		return
 	}
 	c := &rcConn{p: p, qp: q}
@@ -78,7 +96,7 @@ func (n *Node) connectRC(p *peer) {
 	if p.closed || p.rcPhase != rcConnecting || p.info.Incarnation != info.Incarnation {
 		p.mu.Unlock()
 		n.stats.rcConnectFailures.Add(1)
-		fail(q, true)
+		fail(q, true, fmt.Errorf("%w: gid %d changed while its RC QP connected", ErrStale, p.gid))
 		return
 	}
 	p.rc = c
@@ -117,6 +135,82 @@ func (n *Node) reserveRC() bool {
 	return false
 }
 
+// reserveRCWait takes a slot of the RC pool for an RC-only peer, which
+// has no other way to its peer: with the pool full it reclaims the least
+// recently used RC QP that has nothing queued or in flight, or waits (for
+// a slot freed, or a Tick later to look again) until ctx ends
+// (ErrRCPoolFull).
+func (n *Node) reserveRCWait(ctx context.Context) error {
+	for {
+		n.rcMu.Lock()
+		if n.rcCount < n.cfg.RCCap {
+			n.rcCount++
+			n.rcMu.Unlock()
+			return nil
+		}
+		freed := n.rcFreed
+		if freed == nil {
+			freed = make(chan struct{})
+			n.rcFreed = freed
+		}
+		conns := slices.Clone(n.rcConns)
+		n.rcMu.Unlock()
+		slices.SortFunc(conns, func(a, b *rcConn) int { return cmp.Compare(a.lastUsed.Load(), b.lastUsed.Load()) })
+		reclaimed := false
+		for _, c := range conns {
+			if n.drainIdleRC(c) {
+				n.stats.rcEvictions.Add(1)
+				reclaimed = true
+				break
+			}
+		}
+		if reclaimed {
+			continue // the drained QP was destroyed: its slot is free
+		}
+		// Wait for a slot to be freed, or a Tick for a busy QP to turn idle.
+		n.stats.rcSlotWaits.Add(1)
+		tick, stop := clock.After(n.clock, n.cfg.Tick)
+		select {
+		case <-freed:
+		case <-tick:
+		case <-ctx.Done():
+			stop()
+			return fmt.Errorf("%w: %d RC QPs busy for %v", ErrRCPoolFull, n.cfg.RCCap, n.cfg.PeerTimeout)
+		}
+		stop()
+	}
+}
+
+// freeRCSlot returns a slot of the RC pool and wakes the RC-only
+// connections waiting for one.
+func (n *Node) freeRCSlot() {
+	n.rcMu.Lock()
+	n.rcCount--
+	if n.rcFreed != nil {
+		close(n.rcFreed)
+		n.rcFreed = nil
+	}
+	n.rcMu.Unlock()
+}
+
+// drainIdleRC tears c down at once if nothing is queued for it or in
+// flight on it. It reports whether it did.
+func (n *Node) drainIdleRC(c *rcConn) bool {
+	p := c.p
+	e := newEffects()
+	p.mu.Lock()
+	ok := p.rc == c && p.rcPhase == rcReady && c.out == 0 && !c.errored &&
+		p.rcq.len() == 0 && (!p.rcOnly || p.dcq.len() == 0)
+	if ok {
+		p.setRCLocked(rcDraining)
+		n.rcMaybeCloseLocked(p, e)
+		n.settleAllLocked(p)
+	}
+	p.mu.Unlock()
+	n.apply(e)
+	return ok
+}
+
 // drainRC starts tearing c down. It reports whether it did.
 func (n *Node) drainRC(c *rcConn) bool {
 	p := c.p
@@ -152,11 +246,14 @@ func (n *Node) rcMaybeCloseLocked(p *peer, e *effects) {
 func (n *Node) destroyRC(c *rcConn) {
 	c.qp.Destroy()
 	n.rcMu.Lock()
-	if i := slices.Index(n.rcConns, c); i >= 0 {
+	i := slices.Index(n.rcConns, c)
+	if i >= 0 {
 		n.rcConns = slices.Delete(n.rcConns, i, i+1)
-		n.rcCount--
 	}
 	n.rcMu.Unlock()
+	if i >= 0 {
+		n.freeRCSlot()
+	}
 }
 
 // passiveRC is an RC QP accepted from a peer.

@@ -130,9 +130,11 @@ func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op,
 	return o, nil
 }
 
-// wantLocked is the transport v's new operations should take.
+// wantLocked is the transport v's new operations should take. For an
+// RC-only peer it is always DC: the peer has one queue (dcq), which its RC
+// QP serves (see postRCOnlyLocked), so no fence is ever needed.
 func (n *Node) wantLocked(p *peer, v *VQP) Transport {
-	if v.sys || p.rc == nil || p.rcPhase != rcReady {
+	if v.sys || p.rcOnly || p.rc == nil || p.rcPhase != rcReady {
 		return DC
 	}
 	return RC
@@ -212,7 +214,7 @@ func (n *Node) settleAllLocked(p *peer) {
 // noteTrafficLocked accounts k new ops of v and starts building an RC QP
 // when the peer turned hot.
 func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effects) {
-	if v.sys || n.cfg.DisableRC || k == 0 || p.rcPhase != rcNone || now.Before(p.rcRetryAt) {
+	if v.sys || p.rcOnly || n.cfg.DisableRC || k == 0 || p.rcPhase != rcNone || now.Before(p.rcRetryAt) {
 		return
 	}
 	if p.meter.add(now, n.cfg.RCWindow, k) >= n.cfg.RCThreshold {
@@ -246,6 +248,10 @@ func (n *Node) kickLocked(p *peer, e *effects) {
 }
 
 func (n *Node) postDCLocked(p *peer, e *effects) {
+	if p.rcOnly {
+		n.postRCOnlyLocked(p, e)
+		return
+	}
 	if p.dcq.len() == 0 {
 		n.releaseDCILocked(p, e, false)
 		return
@@ -269,6 +275,25 @@ func (n *Node) postDCLocked(p *peer, e *effects) {
 		return
 	}
 	n.postBatchLocked(p, n.takeBatchLocked(p, &p.dcq, room, e), DC, e)
+}
+
+// postRCOnlyLocked serves the queue of an RC-only peer (p.dcq, where
+// every op of the peer goes, including requeued and retried ones) with its
+// RC QP, and starts connecting one when the peer has none: the ops wait
+// for it in the queue.
+func (n *Node) postRCOnlyLocked(p *peer, e *effects) {
+	if p.dcq.len() == 0 {
+		return
+	}
+	switch {
+	case p.rcPhase == rcNone:
+		p.setRCLocked(rcConnecting)
+		e.connect = append(e.connect, p)
+	case p.rcPhase == rcReady && !p.rc.errored:
+		if room := n.cfg.RCDepth - p.rc.out; room > 0 {
+			n.postBatchLocked(p, n.takeBatchLocked(p, &p.dcq, room, e), RC, e)
+		}
+	}
 }
 
 // takeBatchLocked removes up to room ops from q for posting. Without a
@@ -307,7 +332,8 @@ func (n *Node) takeBatchLocked(p *peer, q *opQueue, room int, e *effects) []*op 
 }
 
 // postBatchLocked posts ops on p's DCI (t == DC) or RC QP with one
-// PostSend.
+// PostSend. The ops of an RC-only peer keep their route (DC, the peer's
+// single queue) while they go on the RC QP.
 func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 	if len(batch) == 0 {
 		return

@@ -24,6 +24,7 @@ type counters struct {
 
 	rcConnects, rcConnectFailures, rcEvictions, rcIdle atomic.Uint64
 	rcFallbacks, rcErrors, rcAccepted, rcReclaimed     atomic.Uint64
+	rcSlotWaits                                        atomic.Uint64
 
 	dirReads, dirTorn atomic.Uint64
 
@@ -91,6 +92,9 @@ type Stats struct {
 	RCActive, RCPassive                                int
 	RCConnects, RCConnectFailures, RCEvictions, RCIdle uint64
 	RCFallbacks, RCErrors, RCAccepted, RCReclaimed     uint64
+	// RCSlotWaits counts the times an RC-only peer's connection found the
+	// pool full with no idle QP to reclaim and waited for a slot.
+	RCSlotWaits uint64
 
 	// Region directory READs, and torn reads repeated.
 	DirReads, DirTorn uint64
@@ -130,7 +134,7 @@ func (n *Node) Stats() Stats {
 		QPErrors:         c.qpErrors.Load(), DCIRecoveries: c.dciRecoveries.Load(), Reposted: c.reposted.Load(),
 		RemoteErrors: c.remoteErrors.Load(), RNRRetries: c.rnrRetries.Load(), Relookups: c.relookups.Load(),
 		StaleRetries: c.staleRetries.Load(), Unreachable: c.unreachable.Load(), PostErrors: c.postErrors.Load(),
-		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(),
+		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(), RCSlotWaits: c.rcSlotWaits.Load(),
 		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
 		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
 		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(),
@@ -145,6 +149,9 @@ func (n *Node) Stats() Stats {
 	n.dcMu.Lock()
 	s.DCIsFree, s.DCIWaiters = n.arb.FreeCount(), n.arb.Waiting()
 	n.dcMu.Unlock()
+	if n.cfg.NoDC {
+		s.DCIsFree = 0
+	}
 	n.rcMu.Lock()
 	s.RCActive = len(n.rcConns)
 	n.rcMu.Unlock()
