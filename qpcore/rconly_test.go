@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -126,4 +127,126 @@ func testRCOnlyOperations(t *testing.T, c *cluster, from, to qpcore.Config) {
 			t.Errorf("node %d: %d RC ops, %d RC connections; want some and 1", tn.gid, s.OpsRC, s.RCConnects)
 		}
 	}
+}
+
+// More peers than RCCap: each new peer reclaims the least recently used
+// idle RC QP, and every operation still lands where it should.
+func TestRCOnlyMorePeersThanCap(t *testing.T) {
+	checkLeaks(t)
+	forEachFabric(t, testRCOnlyMorePeersThanCap)
+}
+
+func testRCOnlyMorePeersThanCap(t *testing.T, c *cluster) {
+	const rcCap, peers, rounds = 2, 5, 3
+	a := c.add(1, 0, qpcore.Config{NoDC: true, RCCap: rcCap})
+	ctx := ctxT(t, 30*time.Second)
+	var ts []*tnode
+	var vs []*qpcore.VQP
+	for i := range peers {
+		gid := uint32(10 + i)
+		cfg := qpcore.Config{}
+		if i%2 == 0 {
+			cfg.NoDC = true // a mix of RC-only and DC targets
+		}
+		ts = append(ts, c.add(gid, 64<<10, cfg))
+		vs = append(vs, mustConnect(t, a.n, gid))
+	}
+	for r := range rounds {
+		for i, v := range vs {
+			src := pattern(4096, 100*r+i)
+			off := uint64(r * 4096)
+			if err := v.Write(ctx, src, "mem", off); err != nil {
+				t.Fatalf("round %d peer %d: write: %v", r, ts[i].gid, err)
+			}
+			dst := make([]byte, len(src))
+			if err := v.Read(ctx, dst, "mem", off); err != nil {
+				t.Fatalf("round %d peer %d: read: %v", r, ts[i].gid, err)
+			}
+			if !bytes.Equal(dst, src) {
+				t.Fatalf("round %d peer %d: read differs from write", r, ts[i].gid)
+			}
+			if got, err := v.FetchAdd(ctx, "mem", 60<<10, 1); err != nil || got != uint64(r) {
+				t.Fatalf("round %d peer %d: FetchAdd = %d, %v; want %d", r, ts[i].gid, got, err, r)
+			}
+			if s := a.n.Stats(); s.RCActive > rcCap {
+				t.Fatalf("%d RC QPs active, cap %d", s.RCActive, rcCap)
+			}
+		}
+	}
+	for i, tn := range ts {
+		tn.dev.SyncMemory()
+		for r := range rounds {
+			if !bytes.Equal(tn.mem[r*4096:(r+1)*4096], pattern(4096, 100*r+i)) {
+				t.Errorf("peer %d: round %d's write not in memory", tn.gid, r)
+			}
+		}
+	}
+	s := a.n.Stats()
+	// Round robin over more peers than slots: every operation to a new
+	// peer found the pool full, so every connection but the first rcCap
+	// reclaimed one.
+	if want := uint64(peers*rounds - rcCap); s.RCConnects != uint64(peers*rounds) || s.RCEvictions != want {
+		t.Errorf("%d RC connections, %d reclaimed; want %d and %d", s.RCConnects, s.RCEvictions, peers*rounds, want)
+	}
+	if s.OpsDC != 0 || s.DCIWaits != 0 || s.DCIsFree != 0 || s.RCConnectFailures != 0 {
+		t.Errorf("stats: %+v", s)
+	}
+	noQPErrors(t, a.n)
+}
+
+// With the RC pool full of busy QPs, an operation to a new peer waits for
+// one to turn idle, reclaims it and goes on.
+func TestRCOnlyWaitsForSlot(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{NoDC: true, RCCap: 1})
+	b := c.add(2, 4096, qpcore.Config{NoDC: true})
+	d := c.add(3, 4096, qpcore.Config{})
+	ctx := ctxT(t, 30*time.Second)
+	vb, vd := mustConnect(t, a.n, 2), mustConnect(t, a.n, 3)
+	if err := vb.Write(ctx, []byte("first"), "mem", 0); err != nil {
+		t.Fatal(err)
+	}
+	// b's QP gets an operation stuck in flight behind a partition.
+	aAddr, bAddr := netip.MustParseAddrPort(a.addr), netip.MustParseAddrPort(b.addr)
+	c.net.Partition(aAddr, bAddr)
+	if k, err := vb.Post(ctx, []qpcore.WR{{ID: 9, Op: qpcore.OpWrite, Local: []byte("second"), Region: "mem", Offset: 8}}, 0); err != nil || k != 1 {
+		t.Fatalf("Post: %d %v", k, err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- vd.Write(ctx, []byte("third"), "mem", 16) }()
+	c.until("the write to 3 waits for a slot", time.Millisecond, 200*time.Millisecond, func() bool {
+		return a.n.Stats().RCSlotWaits > 0
+	})
+	select {
+	case err := <-errc:
+		t.Fatalf("write to 3 ended with the pool full: %v", err)
+	default:
+	}
+	c.net.Heal()
+	var werr error
+	c.until("the write to 3 ends", time.Millisecond, 500*time.Millisecond, func() bool {
+		select {
+		case werr = <-errc:
+			return true
+		default:
+			return false
+		}
+	})
+	if werr != nil {
+		t.Fatalf("write to 3: %v", werr)
+	}
+	cs := make([]qpcore.Completion, 1)
+	if k := vb.Poll(cs); k != 1 || cs[0].ID != 9 || cs[0].Err != nil {
+		t.Fatalf("write to 2: %d completions %+v", k, cs[:k])
+	}
+	b.dev.SyncMemory()
+	d.dev.SyncMemory()
+	if string(b.mem[:14]) != "first\x00\x00\x00second" || string(d.mem[16:21]) != "third" {
+		t.Fatalf("memory: %q, %q", b.mem[:14], d.mem[16:21])
+	}
+	if s := a.n.Stats(); s.RCEvictions != 1 || s.OpsDC != 0 || s.RCActive != 1 {
+		t.Errorf("stats: %+v", s)
+	}
+	noQPErrors(t, a.n)
 }
