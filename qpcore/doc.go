@@ -101,6 +101,37 @@
 // one that has been idle for RCWindow. Teardown drains the QP first and
 // moves its VQPs back to DC through the same fence.
 //
+// # RC-only
+//
+// On a device without DC transport (rxe, siw, RNICs other than mlx5) set
+// Config.NoDC: the node creates no DCI and no DCT and publishes DCT number
+// 0 (and DC key 0), which tells peers it has none. Every peer of such a
+// node, and every peer that published DCT number 0 to a node with DC, is
+// RC-only: all its operations, the directory READs and messages included,
+// wait in one queue while an RC QP is connected through the connection
+// manager on first use (bounded by PeerTimeout), then go on it in order.
+// There is no transport switch, hence no fence; DisableRC and RCThreshold
+// do not apply to RC-only peers.
+//
+// RCCap still bounds the active RC QPs. A connection to a new RC-only peer
+// that finds the pool full reclaims the least recently used RC QP with
+// nothing queued or in flight (its peer reconnects on its next operation);
+// if every QP is busy it waits, looking again every Tick and whenever a
+// slot is freed, and after PeerTimeout the peer's queued operations fail
+// with ErrRCPoolFull. Stats.RCEvictions counts the reclaims, RCSlotWaits
+// the waits. An RC QP that fails (or whose passive side the peer
+// reclaimed) is dropped and its operations wait for a new one; a failed
+// connection fails the queued operations (ErrPeerUnreachable).
+//
+// The passive side keeps at most 4*RCCap accepted QPs, reclaiming those
+// idle for 2*RCIdle: a node reached over RC by more initiators than that
+// within 2*RCIdle refuses the next ones, whose operations fail. Size RCCap
+// for the number of peers a node talks to at once. Memory: on softnic one
+// RC connection costs about 9 KiB of heap (4.4 KiB for the active QP,
+// 4.6 KiB for the passive QP and connection state), the DCI pool and DCT
+// of a DC node about 300 KiB in all (BenchmarkQPCoreRCOnlyMemory); see
+// docs/hardware.md for what that means at 1,000 and 10,000 peers.
+//
 // # Failures
 //
 // Isolation: when a shared QP errors anyway (a region deregistered
@@ -136,7 +167,7 @@
 //
 // # Memory
 //
-// A node's footprint is the DCI pool, the RC pool (RCCap), the receive and
+// A node's footprint is the DCI pool (none with NoDC), the RC pool (RCCap), the receive and
 // bounce buffers, the peer table (MaxPeers) and the registration cache
 // (MemCacheMax entries, MemCacheSize bytes), all bounded by configuration and independent of the
 // number of nodes in the cluster: about 10 MiB of heap with the defaults,

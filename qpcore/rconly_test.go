@@ -3,6 +3,7 @@ package qpcore_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -249,4 +250,39 @@ func TestRCOnlyWaitsForSlot(t *testing.T) {
 		t.Errorf("stats: %+v", s)
 	}
 	noQPErrors(t, a.n)
+}
+
+// An RC-only peer that cannot be connected fails the operation with
+// ErrPeerUnreachable within PeerTimeout (of clock time), and the node
+// reaches it once it answers again.
+func TestRCOnlyConnectFails(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{NoDC: true})
+	b := c.add(2, 4096, qpcore.Config{})
+	ctx := ctxT(t, 30*time.Second)
+	v := mustConnect(t, a.n, 2)
+	c.net.Partition(netip.MustParseAddrPort(a.addr), netip.MustParseAddrPort(b.addr))
+	took, err := c.drive(10*time.Millisecond, 10*time.Second, func() error {
+		return v.Write(ctx, []byte("lost"), "mem", 0)
+	})
+	if !errors.Is(err, qpcore.ErrPeerUnreachable) {
+		t.Fatalf("write across a partition: %v, want ErrPeerUnreachable", err)
+	}
+	if pt := a.n.Config().PeerTimeout; took > pt+100*time.Millisecond {
+		t.Fatalf("failed after %v of clock time, PeerTimeout %v", took, pt)
+	}
+	if s := a.n.Stats(); s.RCConnectFailures != 1 || s.RCConnects != 0 || s.OpsDC != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+	c.net.Heal()
+	if _, err := c.drive(10*time.Millisecond, 10*time.Second, func() error {
+		return v.Write(ctx, []byte("found"), "mem", 0)
+	}); err != nil {
+		t.Fatalf("write after the partition healed: %v", err)
+	}
+	b.dev.SyncMemory()
+	if string(b.mem[:5]) != "found" {
+		t.Fatalf("memory %q", b.mem[:5])
+	}
 }
