@@ -30,7 +30,15 @@ import (
 // The passive side accepts connections into QPs that share the node's
 // SRQ; it keeps at most 4*RCCap of them and reclaims those idle for
 // 2*RCIdle or in ERR. An initiator whose passive QP was reclaimed sees a
-// no-QP NAK and falls back to DC transparently.
+// no-QP NAK and falls back to DC transparently (an RC-only peer
+// reconnects).
+//
+// An RC-only peer (Config.NoDC, or a peer with DCT number 0) has no DC to
+// fall back to: its one queue waits for an RC QP, connected on its first
+// operation. Its connection takes a pool slot at once if there is one;
+// otherwise it reclaims the least recently used QP with nothing queued or
+// in flight, or waits for a slot (a Tick at a time) until PeerTimeout,
+// then fails the queued operations with ErrRCPoolFull (reserveRCWait).
 
 // connectRC builds an RC QP to p (goroutine).
 func (n *Node) connectRC(p *peer) {
