@@ -130,9 +130,12 @@ func testNode(gid uint32, inc uint64) NodeInfo {
 
 func consistent(n NodeInfo) bool { return n == testNode(n.GID, n.Incarnation) }
 
-// waitFor polls cond every few milliseconds for up to d.
+// waitFor polls cond every few milliseconds for up to d, or two minutes
+// if that is longer: the wait guards against a hang, it does not judge
+// speed (other processes may hold the 2 vCPUs for seconds).
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	d = max(d, 2*time.Minute)
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {

@@ -35,6 +35,10 @@ import (
 // DefaultStartTimeout bounds how long Start waits for the meta service.
 const DefaultStartTimeout = 10 * time.Second
 
+// DefaultMetaTimeout bounds one query of the meta service made for a
+// listing (ResPeers, the stats file).
+const DefaultMetaTimeout = time.Second
+
 // Config describes a node.
 type Config struct {
 	// Device is the node's NIC. The node owns it from Start on: Close
@@ -59,6 +63,9 @@ type Config struct {
 	// StartTimeout bounds the wait for the meta service; 0 is
 	// DefaultStartTimeout.
 	StartTimeout time.Duration
+	// MetaTimeout bounds one query of the meta service made for a listing
+	// (ResPeers); 0 is DefaultMetaTimeout.
+	MetaTimeout time.Duration
 }
 
 // Node is a running node.
@@ -70,6 +77,7 @@ type Node struct {
 	store    *shm.Store  // nil without a region store
 	srv      *meta.Server
 	metaDesc string
+	metaWait time.Duration // Config.MetaTimeout
 	log      logrus.FieldLogger
 }
 
@@ -99,7 +107,10 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
 	}
-	n := &Node{dev: cfg.Device, log: log}
+	if cfg.MetaTimeout <= 0 {
+		cfg.MetaTimeout = DefaultMetaTimeout
+	}
+	n := &Node{dev: cfg.Device, metaWait: cfg.MetaTimeout, log: log}
 	defer func() {
 		if err != nil {
 			n.Close()

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"sort"
-	"time"
 
 	"github.com/krfs/krfs/verbs"
 )
@@ -81,9 +80,9 @@ func (b *Node) ResMRs() []ResMR {
 }
 
 // ResPeers lists the live nodes of the meta service (nil if it cannot be
-// read within a second) with what this node keeps for each.
+// read within Config.MetaTimeout) with what this node keeps for each.
 func (b *Node) ResPeers() []ResPeer {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), b.metaWait)
 	defer cancel()
 	nodes, err := b.meta.List(ctx)
 	if err != nil {

@@ -69,11 +69,15 @@ link() {
 }
 
 # A daemon mounts in well under a second on an idle machine; 64 daemons
-# starting at once on 2 vCPUs take longer, hence 30 s.
+# starting at once on 2 vCPUs take longer, hence 30 s by default
+# (KRFS_UP_WAIT, in seconds: the tests, run beside other work, give minutes).
+# A daemon that exits is reported at once.
 wait_mounted() {
-	local mnt=$1 log=$2
-	for _ in $(seq 1 300); do
+	local mnt=$1 log=$2 pid=${3:-}
+	local end=$((SECONDS + ${KRFS_UP_WAIT:-30}))
+	while [ "$SECONDS" -lt "$end" ]; do
 		if grep -q " $mnt fuse" /proc/self/mounts 2>/dev/null; then return 0; fi
+		if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then break; fi
 		sleep 0.1
 	done
 	echo "--- $log" >&2; tail -n 20 "$log" >&2 || true
@@ -110,7 +114,7 @@ restart() {
 	need_root
 	stop_pid "$DIR/h$i.pid"
 	start_host "$i"
-	wait_mounted "$DIR/h$i" "$DIR/h$i.log"
+	wait_mounted "$DIR/h$i" "$DIR/h$i.log" "$(cat "$DIR/h$i.pid")"
 	echo "host $i ($NET.$i): $DIR/h$i"
 }
 
@@ -162,7 +166,7 @@ up() {
 		start_host "$i"
 	done
 	for i in $(seq 1 "$n"); do
-		wait_mounted "$DIR/h$i" "$DIR/h$i.log"
+		wait_mounted "$DIR/h$i" "$DIR/h$i.log" "$(cat "$DIR/h$i.pid")"
 		echo "host $i ($NET.$i): $DIR/h$i"
 	done
 }

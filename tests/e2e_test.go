@@ -6,6 +6,7 @@
 package tests
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -110,13 +111,31 @@ func tail(b []byte, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// clusterPeerTimeout is the daemons' --timeout: how long an operation to
+// an unresponsive peer (or the meta service) takes to fail. The product's
+// default, 1 s, turns a peer that a loaded 2-vCPU machine leaves unscheduled
+// for a second into "host is down"; the tests want failures only from
+// peers that are really gone, so they give a live peer 10 s. A flag in the
+// caller's KRFS_MOUNT_FLAGS comes later and wins.
+const clusterPeerTimeout = "10s"
+
+// clusterUpWait is how long cluster.sh waits for a daemon to mount (its
+// KRFS_UP_WAIT, in seconds): a hang guard, not a speed limit.
+const clusterUpWait = "300"
+
 func (c *cluster) env() []string {
 	return append(os.Environ(), "KRFS_BIN="+c.bin, "KRFS_DIR="+c.dir, "KRFS_NET=10.78.0", "KRFS_MEM=4M",
-		fmt.Sprintf("KRFS_NS=ke%d", os.Getpid()%100000))
+		fmt.Sprintf("KRFS_NS=ke%d", os.Getpid()%100000),
+		"KRFS_MOUNT_FLAGS=--timeout "+clusterPeerTimeout+" "+os.Getenv("KRFS_MOUNT_FLAGS"),
+		"KRFS_UP_WAIT="+clusterUpWait)
 }
 
+// hangGuard bounds a step that should take a fraction of a second: long
+// enough that only a hang trips it on a machine busy with other work.
+const hangGuard = 5 * time.Minute
+
 func (c *cluster) script(args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*hangGuard) // up waits up to KRFS_UP_WAIT per host
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(c.top, "scripts/cluster.sh"), args...)
 	cmd.Env = c.env()
@@ -138,7 +157,7 @@ func (c *cluster) sh(timeout time.Duration, line string) (string, error) {
 
 func (c *cluster) mustSh(t *testing.T, line string) string {
 	t.Helper()
-	out, err := c.sh(30*time.Second, line)
+	out, err := c.sh(hangGuard, line)
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", line, err, out)
 	}
@@ -229,7 +248,9 @@ print("ok")`, h1+"/stats", h1+"/peers/2/mem")
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, errs[k] = c.sh(60*time.Second, fmt.Sprintf(`for i in $(seq 1 %d); do "$KRFS" atomic faa %s/peers/3/mem 8000 3 >/dev/null || exit 1; done`, n, h))
+				// 200 process starts per host: seconds on an idle
+				// machine, minutes on a loaded one; only a hang fails.
+				_, errs[k] = c.sh(hangGuard, fmt.Sprintf(`for i in $(seq 1 %d); do "$KRFS" atomic faa %s/peers/3/mem 8000 3 >/dev/null || exit 1; done`, n, h))
 			}()
 		}
 		wg.Wait()
@@ -248,27 +269,58 @@ print("ok")`, h1+"/stats", h1+"/peers/2/mem")
 		c.mustSh(t, "touch "+h3+"/ports/9")
 		small := "hello port nine"
 		c.mustSh(t, fmt.Sprintf("printf '%%s' %q > %s/peers/3/ports/9", small, h1))
-		py := fmt.Sprintf(`import os
+		// The reader takes the small message, then says so (a line on a
+		// pipe) just before it blocks reading the large one. The large
+		// message's sender waits for that event, not for a fixed time: a
+		// rendezvous send waits for the reader only up to the node's
+		// MsgTimeout, and starting python on a loaded machine can take
+		// longer than any fixed sleep.
+		py := fmt.Sprintf(`import os, sys
 fd = os.open(%q, os.O_RDONLY)
 m = os.read(fd, 2<<20)
 assert m == b%q, m[:64]
 big = open(%q, "rb").read()
+print("reading", flush=True)
 m = os.read(fd, 2<<20)
 assert m == big, (len(m), len(big))
 print("ok")`, h3+"/ports/9", small, c.dir+"/msg")
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		rd := exec.CommandContext(ctx, "python3", "-c", py)
+		stdout, err := rd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rdErr strings.Builder
+		rd.Stderr = &rdErr
+		if err := rd.Start(); err != nil {
+			t.Fatal(err)
+		}
 		reader := make(chan string, 1)
+		ready := make(chan struct{})
 		go func() {
-			out, err := c.sh(30*time.Second, "python3 -c '"+py+"'")
-			if err != nil {
-				out += err.Error()
+			var out strings.Builder
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				out.WriteString(sc.Text() + "\n")
+				if sc.Text() == "reading" {
+					close(ready)
+				}
 			}
-			reader <- out
+			if err := rd.Wait(); err != nil {
+				out.WriteString(err.Error() + "\n" + rdErr.String())
+			}
+			reader <- out.String()
 		}()
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ready:
+		case out := <-reader:
+			t.Fatalf("port reader ended before the large message: %s", out)
+		}
 		// 512 KiB: above qpcore's 64 KiB zero-copy rendezvous threshold.
 		c.mustSh(t, fmt.Sprintf("dd if=%s/msg of=%s/peers/3/ports/9 bs=512k count=1 status=none", c.dir, h2))
 		// A message larger than one FUSE request is refused, not split.
-		if out, err := c.sh(10*time.Second, fmt.Sprintf("dd if=%s/blob of=%s/peers/3/ports/9 bs=1M count=1 status=none", c.dir, h2)); err == nil || !strings.Contains(out, "too long") {
+		if out, err := c.sh(hangGuard, fmt.Sprintf("dd if=%s/blob of=%s/peers/3/ports/9 bs=1M count=1 status=none", c.dir, h2)); err == nil || !strings.Contains(out, "too long") {
 			t.Fatalf("1 MiB message: %v %s", err, out)
 		}
 		if out := <-reader; !strings.Contains(out, "ok") {
@@ -279,17 +331,17 @@ print("ok")`, h3+"/ports/9", small, c.dir+"/msg")
 	t.Run("kill -9 then restart", func(t *testing.T) {
 		c.mustSh(t, fmt.Sprintf("printf 'survivor' | dd of=%s/regions/mem bs=1 seek=500000 conv=notrunc status=none", h2))
 		pid := c.pid(t, 2)
-		if out, err := c.sh(5*time.Second, fmt.Sprintf("kill -9 %d; while kill -0 %d 2>/dev/null; do sleep 0.01; done", pid, pid)); err != nil {
+		if out, err := c.sh(hangGuard, fmt.Sprintf("kill -9 %d; while kill -0 %d 2>/dev/null; do sleep 0.01; done", pid, pid)); err != nil {
 			t.Fatalf("kill: %v %s", err, out)
 		}
 		start := time.Now()
-		out, err := c.sh(20*time.Second, fmt.Sprintf("dd if=%s/peers/2/mem of=/dev/null bs=8 count=1 skip=1 status=none", h1))
+		// The read fails once the peer timeout (clusterPeerTimeout) runs
+		// out; how long that takes on a loaded machine is logged, not
+		// asserted: the guard catches only a read that never ends.
+		out, err := c.sh(hangGuard, fmt.Sprintf("dd if=%s/peers/2/mem of=/dev/null bs=8 count=1 skip=1 status=none", h1))
 		el := time.Since(start)
 		if err == nil {
 			t.Fatalf("read from a killed host succeeded: %s", out)
-		}
-		if el > 5*time.Second {
-			t.Fatalf("read from a killed host took %v, want an error within the timeout (1 s)", el)
 		}
 		t.Logf("read from the killed host failed after %v: %s", el.Round(time.Millisecond), strings.TrimSpace(out))
 		// Restart host 2 with the same region store: data intact, peers
@@ -297,9 +349,9 @@ print("ok")`, h3+"/ports/9", small, c.dir+"/msg")
 		if out, err := c.script("restart", "2"); err != nil {
 			t.Fatalf("restart: %v %s", err, out)
 		}
-		deadline := time.Now().Add(15 * time.Second)
+		deadline := time.Now().Add(hangGuard)
 		for {
-			out, err := c.sh(10*time.Second, fmt.Sprintf("dd if=%s/peers/2/mem bs=1 skip=500000 count=8 status=none", h1))
+			out, err := c.sh(hangGuard, fmt.Sprintf("dd if=%s/peers/2/mem bs=1 skip=500000 count=8 status=none", h1))
 			if err == nil && out == "survivor" {
 				break
 			}
@@ -314,9 +366,9 @@ print("ok")`, h3+"/ports/9", small, c.dir+"/msg")
 		if out, err := c.script("restart-meta"); err != nil {
 			t.Fatalf("restart meta: %v %s", err, out)
 		}
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(hangGuard)
 		for {
-			out, _ := c.sh(10*time.Second, "ls "+h3+"/peers")
+			out, _ := c.sh(hangGuard, "ls "+h3+"/peers")
 			if strings.Count(out, "\n") >= 3 {
 				break
 			}

@@ -143,14 +143,14 @@ func testServerless(t *testing.T, c *cluster) {
 			rdvBefore := nodeStat(t, c.mnt(1), "node.MsgRendezvous")
 			recv := make(chan string, 1)
 			go func() {
-				o, err := c.sh(60*time.Second, fmt.Sprintf("%s recv --mount %s --port %d --out %s --timeout 50", ho, c.mnt(3), port, out))
+				o, err := c.sh(hangGuard, fmt.Sprintf("%s recv --mount %s --port %d --out %s --timeout 50", ho, c.mnt(3), port, out))
 				if err != nil {
 					o += err.Error()
 				}
 				recv <- o
 			}()
 			// The consumer binds its port first.
-			deadline := time.Now().Add(30 * time.Second)
+			deadline := time.Now().Add(hangGuard)
 			for {
 				if _, err := os.Stat(filepath.Join(c.mnt(3), "ports", strconv.Itoa(port))); err == nil {
 					break

@@ -30,7 +30,7 @@ func startMount(t *testing.T, bin, mnt string, args ...string) *exec.Cmd {
 			<-done
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(hangGuard)
 	for {
 		if b, _ := os.ReadFile("/proc/self/mounts"); strings.Contains(string(b), " "+mnt+" fuse") {
 			return cmd
@@ -52,7 +52,7 @@ func TestMountErrors(t *testing.T) {
 	startMount(t, bin, mnt, "--listen", "127.0.0.1:4831", "--gid", "1", "--shm-dir", t.TempDir())
 
 	run := func(args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 		defer cancel()
 		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 		return string(out), err
@@ -79,9 +79,10 @@ func TestMountErrors(t *testing.T) {
 		if !strings.Contains(out, c.want) {
 			t.Errorf("%s: error %q does not say %q", c.name, strings.TrimSpace(out), c.want)
 		}
-		if el := time.Since(start); el > 15*time.Second {
-			t.Errorf("%s: took %v", c.name, el)
-		}
+		// How long a refusal takes depends on the machine's load (and
+		// "meta unreachable" waits out the 10 s start limit): logged, not
+		// judged; run's guard catches a command that never ends.
+		t.Logf("%s: refused after %v", c.name, time.Since(start).Round(time.Millisecond))
 	}
 	// The mount that was there still works.
 	if b, err := os.ReadFile(filepath.Join(mnt, "peers/1/info")); err != nil || !strings.Contains(string(b), "gid 1") {

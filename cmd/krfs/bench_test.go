@@ -82,7 +82,8 @@ func benchCluster(t *testing.T) (metaAddr string, gid uint32) {
 func TestBenchAPIReadLat(t *testing.T) {
 	addr, gid := benchCluster(t)
 	var stdout, stderr bytes.Buffer
-	args := []string{"bench", "read_lat", "--meta", addr, "--gid", strconv.Itoa(int(gid)), "-s", "64", "-n", "300", "--json", "--baseline"}
+	// --timeout (start and each operation) is only a hang guard here.
+	args := []string{"bench", "read_lat", "--meta", addr, "--gid", strconv.Itoa(int(gid)), "--timeout", "2m", "-s", "64", "-n", "300", "--json", "--baseline"}
 	if code := run(append([]string{"krfs"}, args...), &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
@@ -115,7 +116,7 @@ func TestBenchAPIReadLat(t *testing.T) {
 	} {
 		stdout.Reset()
 		stderr.Reset()
-		args := append([]string{"krfs", "bench", "--meta", addr, "--gid", strconv.Itoa(int(gid))}, a...)
+		args := append([]string{"krfs", "bench", "--meta", addr, "--gid", strconv.Itoa(int(gid)), "--timeout", "2m"}, a...)
 		if code := run(args, &stdout, &stderr); code != 0 {
 			t.Fatalf("%q: exit %d: %s", a, code, stderr.String())
 		}

@@ -205,6 +205,8 @@ func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers
 		QPCore:  qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout},
 		MemSize: mem,
 		ShmDir:  f.shmDir,
+		// The meta service is a peer too: --timeout bounds a listing's query.
+		MetaTimeout: f.timeout,
 	}, log)
 }
 

@@ -109,10 +109,22 @@ func (n *node) rcQP() verbs.QP {
 	return q
 }
 
+// patientTimeout is the ACK timeout of QPs on a network that loses
+// nothing. There the timer never needs to fire; in real time it fires
+// only when the machine leaves the responder or the requester's receive
+// path unscheduled (other processes compete for the 2 vCPUs), and
+// RetryCnt+1 such firings without progress fail the WR with RETRY_EXC_ERR.
+// A second makes that take 8 s of starvation: a hang guard, not a limit.
+const patientTimeout = time.Second
+
 // connect brings up an RC connection from a to b through the connection
 // manager; b's QP gets its receive queue filled with recvs receive WRs.
+// timeout is the QP's ACK timeout; 0 is patientTimeout.
 func connect(t testing.TB, a, b *node, timeout time.Duration) (qa, qb verbs.QP) {
 	t.Helper()
+	if timeout == 0 {
+		timeout = patientTimeout
+	}
 	svc := rand.Uint32()
 	qb = b.rcQP()
 	if err := b.dev.ListenRC(svc, func(req verbs.ConnRequest) (verbs.QP, []byte, error) {
@@ -173,12 +185,18 @@ func target(n *node, dct verbs.QP, key uint64) *verbs.DCTarget {
 	return &verbs.DCTarget{Addr: n.dev.Addr(), DCTN: dct.QPN(), DCKey: key}
 }
 
-// poll collects exactly want completions from cq or fails after d.
+// pollGuard is the least time poll waits: completions that take
+// microseconds on an idle machine can take seconds on a loaded one, so the
+// wait only catches hangs.
+const pollGuard = 2 * time.Minute
+
+// poll collects exactly want completions from cq or fails after d (at
+// least pollGuard).
 func poll(t testing.TB, cq verbs.CQ, want int, d time.Duration) []verbs.WC {
 	t.Helper()
 	out := make([]verbs.WC, 0, want)
 	buf := make([]verbs.WC, 64)
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), max(d, pollGuard))
 	defer cancel()
 	for len(out) < want {
 		n := cq.Poll(buf[:min(len(buf), want-len(out))])

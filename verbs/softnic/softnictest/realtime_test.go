@@ -13,10 +13,11 @@ import (
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
-// waitDeliveries waits up to a few seconds until r has count deliveries.
+// waitDeliveries waits until r has count deliveries (a two-minute guard
+// against a hang, not a speed limit).
 func waitDeliveries(t *testing.T, r *recorder, count int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for len(r.deliveries()) < count {
 		if time.Now().After(deadline) {
 			t.Fatalf("got %d deliveries, want %d", len(r.deliveries()), count)

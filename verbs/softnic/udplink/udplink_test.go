@@ -31,7 +31,7 @@ const loopback = "127.0.0.1:0"
 func checkGoroutines(tb testing.TB) {
 	before := runtime.NumGoroutine()
 	tb.Cleanup(func() {
-		deadline := time.Now().Add(2 * time.Second)
+		deadline := time.Now().Add(time.Minute) // a hang guard: exits take long on a loaded machine
 		for runtime.NumGoroutine() > before {
 			if time.Now().After(deadline) {
 				buf := make([]byte, 1<<16)
@@ -123,7 +123,7 @@ func (c *collector) Deliver(from netip.AddrPort, h, payload []byte) {
 // wait waits for n deliveries in total and returns all records.
 func (c *collector) wait(tb testing.TB, n int) []record {
 	tb.Helper()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a speed limit
 	for c.n.Load() < int64(n) {
 		if time.Now().After(deadline) {
 			tb.Fatalf("got %d deliveries, want %d", c.n.Load(), n)
@@ -405,7 +405,9 @@ func TestCloseUnblocksAndLeavesNoGoroutine(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	// Close wakes the blocked receiver itself (there is no receive
+	// timeout to wait out): only a hang takes this long.
+	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("Close took %v", d)
 	}
 	if err := b.Close(); err != nil {
