@@ -82,6 +82,7 @@ func (n *Node) dciDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 	o.dci = nil
 	d.out--
 	if wc.Status == verbs.StatusSuccess {
+		n.answeredLocked(p)
 		n.finishLocked(p, o, nil, e)
 	} else {
 		if !d.errored {
@@ -124,6 +125,7 @@ func (n *Node) rcDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 	o.rc = nil
 	c.out--
 	if wc.Status == verbs.StatusSuccess {
+		n.answeredLocked(p)
 		n.finishLocked(p, o, nil, e)
 	} else {
 		if !c.errored {
@@ -263,7 +265,9 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 			p.pause = pauseRNR
 			e.rnr = append(e.rnr, p)
 		}
-	case failStale, failDown:
+	case failDown:
+		n.lostLocked(p, failed, ci, e)
+	case failStale:
 		for _, f := range failed {
 			ops = append(ops, f.o)
 		}
@@ -271,10 +275,48 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		if p.pause != pauseResolve {
 			// A resolve takes over an RNR pause: its timer finds it gone.
 			p.pause = pauseResolve
-			p.stallDown = class == failDown
+			p.stallDown = false
 			e.relook = append(e.relook, p)
 		}
 	}
+}
+
+// lostLocked handles a QP that exhausted its transport retries: the
+// peer did not answer for a whole attempt. Unless that makes the evidence
+// of death complete (see liveness.go), the operations are posted again
+// within their deadlines; an atomic the peer may have executed fails.
+func (n *Node) lostLocked(p *peer, failed []failure, ci int, e *effects) {
+	now := n.clock.Now()
+	dead := n.struckLocked(p, now)
+	if dead || p.strikes == 1 {
+		// The first silence may be a peer that moved: look it up in
+		// the background (operations go on meanwhile).
+		e.down = append(e.down, p)
+	}
+	if dead {
+		// Everything queued for the dead peer would only wait for the
+		// same silence again.
+		for _, o := range p.dcq.take() {
+			n.finishLocked(p, o, n.downErr(p, nil), e)
+		}
+	}
+	ops := make([]*op, 0, len(failed))
+	for i, f := range failed {
+		o := f.o
+		switch {
+		case p.down:
+			n.finishLocked(p, o, n.downErr(p, nil), e)
+		case o.code.atomic() && i >= ci:
+			n.finishLocked(p, o, fmt.Errorf("%w: no answer from gid %d within %v", ErrAtomicLost, p.gid, n.attempt), e)
+		case !n.canRetryLocked(o, now):
+			n.stats.opTimeouts.Add(1)
+			n.finishLocked(p, o, n.expiredErr(p, o), e)
+		default:
+			ops = append(ops, o)
+		}
+	}
+	n.stats.lossRetries.Add(uint64(len(ops)))
+	n.requeueLocked(p, ops)
 }
 
 // requeueLocked puts ops, in order, in front of p's DC queue.
@@ -329,7 +371,9 @@ func (n *Node) relookup(p *peer) {
 	// peer registered again: for a stale NAK, keep asking (with backoff)
 	// for up to PeerTimeout. A silent peer already cost PeerTimeout: one
 	// look.
-	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
+	// The wait leaves the stalled operations time for their retry
+	// within their deadline (two attempts of PeerTimeout's four).
+	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, max(n.cfg.PeerTimeout-2*n.attempt, n.attempt))
 	defer cancel()
 	var info meta.NodeInfo
 	var err error
@@ -383,15 +427,6 @@ func (n *Node) relookup(p *peer) {
 		default:
 			n.finishLocked(p, o, fmt.Errorf("%w: gid %d", ErrStale, p.gid), e)
 		}
-	}
-	if !retry && down {
-		// Everything else queued for the silent peer would only wait for
-		// the same timeout again.
-		p.downUntil = n.clock.Now().Add(n.cfg.PeerTimeout)
-		for _, o := range p.dcq.take() {
-			n.finishLocked(p, o, n.downErr(p, err), e)
-		}
-		n.stats.unreachable.Add(1)
 	}
 	n.requeueLocked(p, again)
 	n.kickLocked(p, e)

@@ -157,7 +157,12 @@ type peer struct {
 	pause     pauseState
 	stallDown bool  // the pause is for a silent peer (else a stale one)
 	stalled   []*op // failed ops waiting for the pause to end, in order
-	downUntil time.Time
+
+	// Liveness (see liveness.go).
+	strikes    int       // consecutive retry-exhausted failures, no answer since
+	silentFrom time.Time // no answer from the peer since then (valid if strikes > 0)
+	down       bool      // declared down on evidence of death
+	probeAt    time.Time // while down: when the next operation may go as a probe
 
 	// Region directory cache.
 	dir         map[string]Region
