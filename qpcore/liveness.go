@@ -89,17 +89,14 @@ func (n *Node) expiredErr(p *peer, o *op) error {
 
 // usableLocked refuses new work for a closed peer, and for a peer
 // declared down unless the work can go as its probe (nothing else in
-// flight to it, and one attempt since the last probe).
+// flight to it, and one attempt since the last probe; prepareLocked
+// starts the next probe interval when it admits the operation).
 func (n *Node) usableLocked(p *peer) error {
 	if p.closed {
 		return ErrClosed
 	}
-	if p.down {
-		now := n.clock.Now()
-		if p.active > 0 || now.Before(p.probeAt) {
-			return n.downErr(p, nil)
-		}
-		p.probeAt = now.Add(n.attempt)
+	if p.down && (p.active > 0 || n.clock.Now().Before(p.probeAt)) {
+		return n.downErr(p, nil)
 	}
 	return nil
 }

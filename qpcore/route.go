@@ -113,9 +113,13 @@ func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op,
 		}
 		o.sink = s
 	}
-	o.expires = n.clock.Now().Add(n.cfg.PeerTimeout)
+	now := n.clock.Now()
+	o.expires = now.Add(n.cfg.PeerTimeout)
 	n.ops.add(o)
 	p.active++
+	if p.down {
+		p.probeAt = now.Add(n.attempt) // o is the down peer's probe
+	}
 	return o, nil
 }
 
