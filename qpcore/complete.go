@@ -28,13 +28,16 @@ import (
 //
 // Staleness. A DC key or unknown-DCT NAK means the peer restarted: every
 // operation of the QP is stalled, the resolver entry invalidated and the
-// peer looked up again (repeatedly, for up to PeerTimeout, while the
-// resolver still serves the old metadata), then each operation is retried
-// once with the new metadata (and the new directory). A retry-exceeded error means the peer
-// is silent: the peer is looked up again; if it moved (a new incarnation)
-// the operations are retried there, otherwise they fail with
-// ErrPeerUnreachable, as does everything queued for the peer, and new
-// operations fail at once for PeerTimeout.
+// peer looked up again (repeatedly, for up to half of PeerTimeout, while
+// the resolver still serves the old metadata), then each operation is
+// retried once with the new metadata (and the new directory), within its
+// deadline.
+//
+// Silence. A retry-exceeded error means one transport attempt went
+// unanswered; it is not proof of death (see liveness.go): the operations
+// are posted again within their deadlines, the peer is looked up again in
+// the background at its first silence (it may have moved), and only
+// consecutive silent attempts spanning PeerTimeout declare it down.
 //
 // RNR. A SEND whose receiver had no buffer posted for all the RNR retries
 // is retried after rnrBackoff until its deadline (MsgTimeout).
@@ -275,7 +278,6 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		if p.pause != pauseResolve {
 			// A resolve takes over an RNR pause: its timer finds it gone.
 			p.pause = pauseResolve
-			p.stallDown = false
 			e.relook = append(e.relook, p)
 		}
 	}
@@ -357,22 +359,20 @@ func (n *Node) resumeRNR(p *peer) {
 	n.apply(e)
 }
 
-// relookup re-resolves a peer whose QP said its metadata is stale or that
-// stopped answering, then retries or fails the stalled ops.
+// relookup re-resolves a peer whose QP said its metadata is stale, then
+// retries or fails the stalled ops.
 func (n *Node) relookup(p *peer) {
 	p.mu.Lock()
-	cur, stale := p.info, !p.stallDown
+	cur := p.info
 	fresh := false // some stalled op has its retry left: worth waiting for
 	for _, o := range p.stalled {
 		fresh = fresh || o.retries == 0
 	}
 	p.mu.Unlock()
 	// After a restart the resolver may serve the old metadata until the
-	// peer registered again: for a stale NAK, keep asking (with backoff)
-	// for up to PeerTimeout. A silent peer already cost PeerTimeout: one
-	// look.
-	// The wait leaves the stalled operations time for their retry
-	// within their deadline (two attempts of PeerTimeout's four).
+	// peer registered again: keep asking (with backoff), for at most
+	// PeerTimeout less two attempts, which leaves the stalled operations
+	// time for their retry within their deadline.
 	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, max(n.cfg.PeerTimeout-2*n.attempt, n.attempt))
 	defer cancel()
 	var info meta.NodeInfo
@@ -381,7 +381,7 @@ func (n *Node) relookup(p *peer) {
 		n.res.Invalidate(p.gid)
 		info, err = n.res.Lookup(ctx, p.gid)
 		n.stats.relookups.Add(1)
-		if !stale || !fresh || err != nil || info != cur {
+		if !fresh || err != nil || info != cur {
 			break
 		}
 		pause, stop := clock.After(n.clock, wait)
@@ -402,7 +402,6 @@ func (n *Node) relookup(p *peer) {
 	if p.closed || p.pause != pauseResolve {
 		return
 	}
-	down := p.stallDown
 	changed := err == nil && info.GID == p.gid && info.Addr.IsValid() && info != p.info
 	if changed {
 		p.setInfoLocked(info)
@@ -411,7 +410,7 @@ func (n *Node) relookup(p *peer) {
 			n.rcMaybeCloseLocked(p, e)
 		}
 	}
-	retry := err == nil && (changed || !down)
+	retry := err == nil
 	stalled := p.stalled
 	p.stalled = nil
 	p.pause = pauseNone
@@ -422,7 +421,7 @@ func (n *Node) relookup(p *peer) {
 			o.retries++
 			again = append(again, o)
 			n.stats.staleRetries.Add(1)
-		case down || err != nil:
+		case err != nil:
 			n.finishLocked(p, o, n.downErr(p, err), e)
 		default:
 			n.finishLocked(p, o, fmt.Errorf("%w: gid %d", ErrStale, p.gid), e)

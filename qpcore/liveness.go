@@ -21,8 +21,10 @@ import (
 //     DCI, held by a switching fence, stalled during a re-lookup) is failed
 //     by the housekeeping tick once its deadline passed.
 //
-// So a synchronous operation returns within PeerTimeout + one Tick
-// (DefaultTick, 20 ms), whatever the loss, duplication or peer state.
+// So a synchronous READ, WRITE or atomic returns within PeerTimeout + one
+// Tick (DefaultTick, 20 ms), whatever the loss, duplication or peer
+// state. A message's SENDs are bounded the same way by their MsgTimeout
+// deadline instead (a receiver with no buffer posted makes them wait).
 //
 // Liveness. A QP that exhausts its transport retries is not proof of
 // death: at 30% loss each way a try succeeds 49% of the time and one in
@@ -76,7 +78,17 @@ func (n *Node) struckLocked(p *peer, now time.Time) bool {
 // canRetryLocked reports whether o may be posted (again) at now: one
 // more attempt ends by its deadline.
 func (n *Node) canRetryLocked(o *op, now time.Time) bool {
-	return o.expires.IsZero() || !now.Add(n.attempt).After(o.expires)
+	lim := o.limit()
+	return lim.IsZero() || !now.Add(n.attempt).After(lim)
+}
+
+// limit is o's deadline: expires, or for a SEND its MsgTimeout deadline
+// (a message may wait that long for a receiver to post a buffer).
+func (o *op) limit() time.Time {
+	if o.expires.IsZero() {
+		return o.deadline
+	}
+	return o.expires
 }
 
 // expiredErr is the error of an operation that ran out of time.
@@ -124,7 +136,7 @@ func (n *Node) expireOps(now time.Time) {
 // expireLocked fails p's queued, held and stalled operations whose
 // deadline passed.
 func (n *Node) expireLocked(p *peer, now time.Time, e *effects) {
-	late := func(o *op) bool { return !o.expires.IsZero() && now.After(o.expires) }
+	late := func(o *op) bool { lim := o.limit(); return !lim.IsZero() && now.After(lim) }
 	keep := func(o *op) bool { return !late(o) }
 	var out []*op
 	for _, q := range []*opQueue{&p.dcq, &p.rcq} {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"syscall"
 	"testing"
@@ -86,10 +87,11 @@ func TestLossBoundedByTimeout(t *testing.T) {
 	}
 	defer local.Close()
 	const wbase = 8 * words
+	const reads, writes = 1000, 100
 	if _, err := local.WriteAt(pat, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := local.WriteAt(make([]byte, 8*1024), wbase); err != nil {
+	if _, err := local.WriteAt(make([]byte, 8*writes), wbase); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.OpenFile(filepath.Join(h1, "peers/2/mem"), os.O_RDWR, 0)
@@ -123,7 +125,6 @@ func TestLossBoundedByTimeout(t *testing.T) {
 		}
 		return err
 	}
-	const reads, writes = 260, 60
 	rng := rand.New(rand.NewPCG(1, 2))
 	okReads, errs := 0, map[string]int{}
 	for i := range reads {
@@ -203,4 +204,8 @@ func TestLossBoundedByTimeout(t *testing.T) {
 		t.Fatalf("pread after the loss: %d %v", n, err)
 	}
 	t.Logf("pwrites acknowledged %d/%d, all present afterwards", okWrites, writes)
+	if b, err := os.ReadFile(filepath.Join(h1, "stats")); err == nil {
+		m := regexp.MustCompile(`node\.(LossRetries|OpTimeouts|PeersDown|PeersUp|QPErrors) (\d+)`).FindAllStringSubmatch(string(b), -1)
+		t.Logf("host 1's qpcore counters: %v", m)
+	}
 }
