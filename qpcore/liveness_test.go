@@ -254,3 +254,58 @@ func TestDeadPeerDeclaredOnEvidenceAndRecovers(t *testing.T) {
 	}
 	t.Logf("dead peer declared after %v, back up %v after the network healed", d, up)
 }
+
+// Operations that wait outside a QP are bounded too: with one DCI, held
+// by a silent peer's operations, a READ to a live peer waits for the DCI
+// (or fails by its deadline) and ends within PeerTimeout either way; the
+// silent peer's operations end within their own.
+func TestWaitingForADCIBounded(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{PeerTimeout: liveTimeout, DCIs: 1})
+	b := c.add(2, 4096, peerCfg)
+	c.add(3, 4096, peerCfg)
+	ctx := ctxT(t, 30*time.Second)
+	vb, vc := mustConnect(t, a.n, 2), mustConnect(t, a.n, 3)
+	buf := make([]byte, 8)
+	for _, v := range []*qpcore.VQP{vb, vc} {
+		if err := v.Read(ctx, buf, "mem", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.net.Isolate(netip.MustParseAddrPort(b.addr))
+	wrs := make([]qpcore.WR, 16)
+	for i := range wrs {
+		wrs[i] = qpcore.WR{ID: uint64(i), Op: qpcore.OpRead, Local: make([]byte, 8), Region: "mem", Offset: uint64(8 * i)}
+	}
+	t0 := c.clock.Now()
+	if n, err := vb.Post(ctx, wrs, 0); n != len(wrs) || err != nil {
+		t.Fatalf("post: %d %v", n, err)
+	}
+	d, err := c.drive(liveStep, 10*liveTimeout, func() error { return vc.Read(ctx, buf, "mem", 0) })
+	if d > liveTimeout+liveSlack {
+		t.Fatalf("READ to a live peer behind a silent one's DCI took %v (%v)", d, err)
+	}
+	if err != nil && !errors.Is(err, qpcore.ErrTimeout) {
+		t.Fatalf("READ to a live peer: %v", err)
+	}
+	cs := make([]qpcore.Completion, len(wrs))
+	for got := 0; got < len(wrs); {
+		_, err := c.drive(liveStep, 10*liveTimeout, func() error { return vb.Wait(ctx) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := vb.Poll(cs)
+		for _, x := range cs[:k] {
+			if x.Err == nil {
+				t.Fatalf("READ %d from an isolated peer succeeded", x.ID)
+			}
+		}
+		got += k
+	}
+	if el := c.clock.Now().Sub(t0); el > liveTimeout+liveSlack {
+		t.Fatalf("the silent peer's operations ended after %v", el)
+	}
+	t.Logf("live peer's READ behind the silent peer's DCI: %v after %v; silent peer's ops done after %v",
+		err, d, c.clock.Now().Sub(t0))
+}

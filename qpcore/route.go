@@ -87,6 +87,9 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 // prepareLocked pre-checks wr and builds its op, registered in the op
 // table. It may release and retake p.mu to read the peer's directory.
 func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op, error) {
+	// The deadline counts from here: a directory read the pre-check
+	// waits for is part of the operation.
+	start := n.clock.Now()
 	if err := n.precheckLocked(ctx, p, v, wr); err != nil {
 		n.stats.reject(err)
 		return nil, err
@@ -113,12 +116,11 @@ func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op,
 		}
 		o.sink = s
 	}
-	now := n.clock.Now()
-	o.expires = now.Add(n.cfg.PeerTimeout)
+	o.expires = start.Add(n.cfg.PeerTimeout)
 	n.ops.add(o)
 	p.active++
 	if p.down {
-		p.probeAt = now.Add(n.attempt) // o is the down peer's probe
+		p.probeAt = n.clock.Now().Add(n.attempt) // o is the down peer's probe
 	}
 	return o, nil
 }
