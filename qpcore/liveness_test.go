@@ -29,18 +29,23 @@ const (
 )
 
 // lossFilter drops each packet with probability pct/100 (both
-// directions: every packet passes the filter).
-func lossFilter(seed uint64, pct int) softnictest.Filter {
+// directions: every packet passes the filter) and duplicates dupPct% of
+// the others.
+func lossFilter(seed uint64, pct, dupPct int) softnictest.Filter {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	return func(_, _ netip.AddrPort, _ wire.Header, _ []byte) softnictest.Verdict {
-		if r.IntN(100) < pct {
+		switch x := r.IntN(100); {
+		case x < pct:
 			return softnictest.Drop
+		case x < pct+dupPct:
+			return softnictest.Dup
 		}
 		return softnictest.Pass
 	}
 }
 
-// Under 30% loss in both directions every operation ends within
+// Under 30% loss in both directions (and 10% of the rest duplicated, as
+// in issue 11's measurement) every operation ends within
 // PeerTimeout (plus a tick), at least 90% of 8-byte READs succeed, none
 // returns wrong bytes, every acknowledged WRITE is there afterwards, and
 // FETCH_ADD never counts twice. The peer is never declared down.
@@ -67,7 +72,7 @@ func TestLossBoundedAndMostlySuccessful(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c.net.SetFilter(lossFilter(11, 30))
+	c.net.SetFilter(lossFilter(11, 30, 10))
 	const reads, writes, adds = 300, 60, 40
 	var maxD time.Duration
 	okReads, failReads := 0, map[string]int{}
@@ -115,7 +120,7 @@ func TestLossBoundedAndMostlySuccessful(t *testing.T) {
 	c.net.SetFilter(nil)
 
 	frac := float64(okReads) / reads
-	t.Logf("30%% loss both ways: %d/%d 8-byte reads succeeded (%.1f%%), failures %v; longest operation %v of clock time (timeout %v); loss retries %d, op timeouts %d, peers down %d",
+	t.Logf("30%% loss both ways, 10%% duplication: %d/%d 8-byte reads succeeded (%.1f%%), failures %v; longest operation %v of clock time (timeout %v); loss retries %d, op timeouts %d, peers down %d",
 		okReads, reads, 100*frac, failReads, maxD, liveTimeout, s.LossRetries, s.OpTimeouts, s.PeersDown)
 	if frac < 0.90 {
 		t.Errorf("only %.1f%% of reads succeeded under 30%% loss", 100*frac)
@@ -160,7 +165,12 @@ func TestLossBoundedAndMostlySuccessful(t *testing.T) {
 	if n := int(binary.LittleEndian.Uint64(cnt)); n < addsOK || n > adds {
 		t.Errorf("counter %d after %d acknowledged of %d FETCH_ADDs", n, addsOK, adds)
 	}
-	t.Logf("writes acknowledged %d/%d, FETCH_ADDs %d/%d", okWrites, writes, addsOK, adds)
+	nc := c.net.Counters()
+	t.Logf("writes acknowledged %d/%d, FETCH_ADDs %d/%d; network: %d sent, %d dropped, %d duplicated",
+		okWrites, writes, addsOK, adds, nc.Sent, nc.Dropped, nc.Duplicated)
+	if nc.Duplicated == 0 || nc.Dropped == 0 {
+		t.Error("the filter neither dropped nor duplicated")
+	}
 	_ = b
 }
 
