@@ -37,9 +37,15 @@
 // the requests before it: exactly the prefix that was transferred; the
 // next call at the following offset returns the error.
 //
-// Errors come back as errno: EIO for a remote failure, ETIMEDOUT,
-// EHOSTDOWN for a dead peer, ENOENT for an unknown gid, region or port,
-// EACCES for a permission, EINVAL for bad alignment or arguments.
+// Errors come back as errno: EIO for a remote failure (and for an atomic
+// whose answer was lost: it may have executed), ETIMEDOUT for an operation
+// that did not complete within Options.Timeout's bound, EHOSTDOWN for a
+// peer declared down on evidence of death (see qpcore's "Timeouts and
+// liveness"), ENOENT for an unknown gid, region or port, EACCES for a
+// permission, EINVAL for bad alignment or arguments. Every remote
+// operation ends within qpcore's PeerTimeout (krfs's --timeout) plus a
+// housekeeping tick; Options.Timeout, which krfs sets to --timeout + 1 s,
+// is only a backstop.
 //
 // # Atomics
 //

@@ -28,13 +28,16 @@ import (
 //
 // Staleness. A DC key or unknown-DCT NAK means the peer restarted: every
 // operation of the QP is stalled, the resolver entry invalidated and the
-// peer looked up again (repeatedly, for up to PeerTimeout, while the
-// resolver still serves the old metadata), then each operation is retried
-// once with the new metadata (and the new directory). A retry-exceeded error means the peer
-// is silent: the peer is looked up again; if it moved (a new incarnation)
-// the operations are retried there, otherwise they fail with
-// ErrPeerUnreachable, as does everything queued for the peer, and new
-// operations fail at once for PeerTimeout.
+// peer looked up again (repeatedly, for up to half of PeerTimeout, while
+// the resolver still serves the old metadata), then each operation is
+// retried once with the new metadata (and the new directory), within its
+// deadline.
+//
+// Silence. A retry-exceeded error means one transport attempt went
+// unanswered; it is not proof of death (see liveness.go): the operations
+// are posted again within their deadlines, the peer is looked up again in
+// the background at its first silence (it may have moved), and only
+// consecutive silent attempts spanning PeerTimeout declare it down.
 //
 // RNR. A SEND whose receiver had no buffer posted for all the RNR retries
 // is retried after rnrBackoff until its deadline (MsgTimeout).
@@ -82,6 +85,7 @@ func (n *Node) dciDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 	o.dci = nil
 	d.out--
 	if wc.Status == verbs.StatusSuccess {
+		n.answeredLocked(p)
 		n.finishLocked(p, o, nil, e)
 	} else {
 		if !d.errored {
@@ -124,6 +128,7 @@ func (n *Node) rcDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 	o.rc = nil
 	c.out--
 	if wc.Status == verbs.StatusSuccess {
+		n.answeredLocked(p)
 		n.finishLocked(p, o, nil, e)
 	} else {
 		if !c.errored {
@@ -263,7 +268,9 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 			p.pause = pauseRNR
 			e.rnr = append(e.rnr, p)
 		}
-	case failStale, failDown:
+	case failDown:
+		n.lostLocked(p, failed, ci, e)
+	case failStale:
 		for _, f := range failed {
 			ops = append(ops, f.o)
 		}
@@ -271,10 +278,47 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		if p.pause != pauseResolve {
 			// A resolve takes over an RNR pause: its timer finds it gone.
 			p.pause = pauseResolve
-			p.stallDown = class == failDown
 			e.relook = append(e.relook, p)
 		}
 	}
+}
+
+// lostLocked handles a QP that exhausted its transport retries: the
+// peer did not answer for a whole attempt. Unless that makes the evidence
+// of death complete (see liveness.go), the operations are posted again
+// within their deadlines; an atomic the peer may have executed fails.
+func (n *Node) lostLocked(p *peer, failed []failure, ci int, e *effects) {
+	now := n.clock.Now()
+	dead := n.struckLocked(p, now)
+	if dead || p.strikes == 1 {
+		// The first silence may be a peer that moved: look it up in
+		// the background (operations go on meanwhile).
+		e.down = append(e.down, p)
+	}
+	if dead {
+		// Everything queued for the dead peer would only wait for the
+		// same silence again.
+		for _, o := range p.dcq.take() {
+			n.finishLocked(p, o, n.downErr(p, nil), e)
+		}
+	}
+	ops := make([]*op, 0, len(failed))
+	for i, f := range failed {
+		o := f.o
+		switch {
+		case p.down:
+			n.finishLocked(p, o, n.downErr(p, nil), e)
+		case o.code.atomic() && i >= ci:
+			n.finishLocked(p, o, fmt.Errorf("%w: no answer from gid %d within %v", ErrAtomicLost, p.gid, n.attempt), e)
+		case !n.canRetryLocked(o, now):
+			n.stats.opTimeouts.Add(1)
+			n.finishLocked(p, o, n.expiredErr(p, o), e)
+		default:
+			ops = append(ops, o)
+		}
+	}
+	n.stats.lossRetries.Add(uint64(len(ops)))
+	n.requeueLocked(p, ops)
 }
 
 // requeueLocked puts ops, in order, in front of p's DC queue.
@@ -315,21 +359,21 @@ func (n *Node) resumeRNR(p *peer) {
 	n.apply(e)
 }
 
-// relookup re-resolves a peer whose QP said its metadata is stale or that
-// stopped answering, then retries or fails the stalled ops.
+// relookup re-resolves a peer whose QP said its metadata is stale, then
+// retries or fails the stalled ops.
 func (n *Node) relookup(p *peer) {
 	p.mu.Lock()
-	cur, stale := p.info, !p.stallDown
+	cur := p.info
 	fresh := false // some stalled op has its retry left: worth waiting for
 	for _, o := range p.stalled {
 		fresh = fresh || o.retries == 0
 	}
 	p.mu.Unlock()
 	// After a restart the resolver may serve the old metadata until the
-	// peer registered again: for a stale NAK, keep asking (with backoff)
-	// for up to PeerTimeout. A silent peer already cost PeerTimeout: one
-	// look.
-	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.PeerTimeout)
+	// peer registered again: keep asking (with backoff), for at most
+	// PeerTimeout less two attempts, which leaves the stalled operations
+	// time for their retry within their deadline.
+	ctx, cancel := clock.WithTimeout(n.ctx, n.clock, max(n.cfg.PeerTimeout-2*n.attempt, n.attempt))
 	defer cancel()
 	var info meta.NodeInfo
 	var err error
@@ -337,7 +381,7 @@ func (n *Node) relookup(p *peer) {
 		n.res.Invalidate(p.gid)
 		info, err = n.res.Lookup(ctx, p.gid)
 		n.stats.relookups.Add(1)
-		if !stale || !fresh || err != nil || info != cur {
+		if !fresh || err != nil || info != cur {
 			break
 		}
 		pause, stop := clock.After(n.clock, wait)
@@ -358,7 +402,6 @@ func (n *Node) relookup(p *peer) {
 	if p.closed || p.pause != pauseResolve {
 		return
 	}
-	down := p.stallDown
 	changed := err == nil && info.GID == p.gid && info.Addr.IsValid() && info != p.info
 	if changed {
 		p.setInfoLocked(info)
@@ -367,7 +410,7 @@ func (n *Node) relookup(p *peer) {
 			n.rcMaybeCloseLocked(p, e)
 		}
 	}
-	retry := err == nil && (changed || !down)
+	retry := err == nil
 	stalled := p.stalled
 	p.stalled = nil
 	p.pause = pauseNone
@@ -378,20 +421,11 @@ func (n *Node) relookup(p *peer) {
 			o.retries++
 			again = append(again, o)
 			n.stats.staleRetries.Add(1)
-		case down || err != nil:
+		case err != nil:
 			n.finishLocked(p, o, n.downErr(p, err), e)
 		default:
 			n.finishLocked(p, o, fmt.Errorf("%w: gid %d", ErrStale, p.gid), e)
 		}
-	}
-	if !retry && down {
-		// Everything else queued for the silent peer would only wait for
-		// the same timeout again.
-		p.downUntil = n.clock.Now().Add(n.cfg.PeerTimeout)
-		for _, o := range p.dcq.take() {
-			n.finishLocked(p, o, n.downErr(p, err), e)
-		}
-		n.stats.unreachable.Add(1)
 	}
 	n.requeueLocked(p, again)
 	n.kickLocked(p, e)

@@ -85,9 +85,11 @@ type Config struct {
 	// one round trip; a lone caller never waits.
 	NoCoalesce bool
 
-	// PeerTimeout bounds how long an operation to a silent peer takes to
-	// fail with ErrPeerUnreachable; the QPs' ACK timeout and retry count
-	// are derived from it.
+	// PeerTimeout is the hard bound on every READ, WRITE and atomic,
+	// success or error (see "Timeouts and liveness" in the package doc):
+	// one transport attempt lasts PeerTimeout/4 (the QPs' ACK timeout is
+	// PeerTimeout/32 with 7 retries), a peer is declared down after 3
+	// consecutive silent attempts spanning PeerTimeout.
 	PeerTimeout time.Duration
 
 	// MaxPeers bounds the peers this node keeps state for (metadata,

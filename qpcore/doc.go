@@ -148,12 +148,22 @@
 // peer looked up again; then each operation is retried once with the new
 // metadata and directory (ErrStale if that fails too).
 //
-// Dead peers: QPs time out after Config.PeerTimeout (default 1 s: the
-// ACK timeout is PeerTimeout/8 with 7 retries). The peer is looked up
-// again; if it moved (a new incarnation) the operations are retried there,
-// otherwise they and everything queued for the peer fail with
-// ErrPeerUnreachable, and new operations to it fail at once for
-// PeerTimeout. Nothing waits longer than a few timeouts.
+// Timeouts and liveness: Config.PeerTimeout (krfs's --timeout, 1 s by
+// default) is a hard bound on every READ, WRITE and atomic, success or
+// error (a message's SENDs: MsgTimeout): it ends within PeerTimeout plus
+// one housekeeping Tick, with no timer per operation. One transport attempt of a WR lasts PeerTimeout/4 (ACK
+// timeout PeerTimeout/32, 7 retries, restarted by any progress); an
+// operation whose attempt exhausted its retries is posted again if one
+// more attempt ends by its deadline (an atomic is not: it may have
+// executed, ErrAtomicLost); an operation waiting outside a QP (queued,
+// held by a fence, stalled for a re-lookup) is failed by the housekeeping
+// tick once its deadline passed, with ErrTimeout. A peer is declared down
+// only on evidence of death: 3 consecutive retry-exhausted attempts with
+// no answer in between, spanning PeerTimeout of silence. Then its
+// operations fail with ErrPeerUnreachable, new ones at once except one
+// probe at a time (one per attempt), and any answer brings it back. The
+// first silence of a peer also looks it up again in the background, so a
+// peer that moved is followed within an attempt or two. See liveness.go.
 //
 // # Messages
 //

@@ -16,6 +16,7 @@ type effects struct {
 	kick    []*peer
 	connect []*peer
 	relook  []*peer
+	down    []*peer // silent: look up again in the background
 	rnr     []*peer
 	destroy []*rcConn
 
@@ -80,6 +81,10 @@ func (n *Node) apply(e *effects) {
 			p := e.relook[len(e.relook)-1]
 			e.relook = e.relook[:len(e.relook)-1]
 			n.goSafe(func() { n.relookup(p) })
+		case len(e.down) > 0:
+			p := e.down[len(e.down)-1]
+			e.down = e.down[:len(e.down)-1]
+			n.goSafe(func() { n.relookSilent(p) })
 		case len(e.rnr) > 0:
 			p := e.rnr[len(e.rnr)-1]
 			e.rnr = e.rnr[:len(e.rnr)-1]

@@ -2,6 +2,8 @@ package qpcore
 
 import (
 	"testing"
+
+	"github.com/krfs/krfs/clock"
 )
 
 // The switching fence as a state machine, without a network: a VQP with
@@ -9,7 +11,7 @@ import (
 // ready, releases them to RC once the DC ones are done, and does the same
 // on the way back when the RC QP drains.
 func TestFenceStateMachine(t *testing.T) {
-	n := &Node{}
+	n := &Node{clock: clock.System{}, cfg: Config{PeerTimeout: DefaultPeerTimeout}}
 	n.ops.m = make(map[uint64]*op)
 	p := &peer{n: n, gid: 2}
 	v := &VQP{n: n, p: p}

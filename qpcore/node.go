@@ -38,7 +38,8 @@ type Node struct {
 	msg         msgState
 	incarnation uint64
 	gid         atomic.Uint32
-	ackTimeout  time.Duration
+	ackTimeout  time.Duration // of every DCI and RC QP: attempt/8
+	attempt     time.Duration // how long one WR may wait for an answer (see liveness.go)
 
 	mu     sync.Mutex // guards peers, lru, closed
 	peers  map[uint32]*peer
@@ -91,7 +92,8 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	}
 	n.gid.Store(cfg.GID)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.ackTimeout = dct.AckTimeout(cfg.PeerTimeout, dct.DefaultRetryCnt)
+	n.ackTimeout = dct.AckTimeout(cfg.PeerTimeout/attemptsPerTimeout, dct.DefaultRetryCnt)
+	n.attempt = n.ackTimeout * (dct.DefaultRetryCnt + 1)
 	ok := false
 	defer func() {
 		if !ok {
@@ -125,7 +127,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 		// need not check.
 		n.arb = dct.NewArbiter[*peer](1, cfg.DCIQuota)
 	} else {
-		if n.pool, err = dct.NewPool(n.pd, n.scq, dct.PoolConfig{DCIs: cfg.DCIs, Depth: cfg.DCIDepth, PeerTimeout: cfg.PeerTimeout}); err != nil {
+		if n.pool, err = dct.NewPool(n.pd, n.scq, dct.PoolConfig{DCIs: cfg.DCIs, Depth: cfg.DCIDepth, PeerTimeout: cfg.PeerTimeout / attemptsPerTimeout}); err != nil {
 			return nil, err
 		}
 		for i := range n.pool.Len() {
@@ -351,6 +353,7 @@ func (n *Node) housekeep() {
 		}
 	}
 	n.reclaimPassive(now)
+	n.expireOps(now)
 }
 
 // encodeRCPrivate is the private data of an RC connection request: the

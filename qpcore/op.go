@@ -164,6 +164,7 @@ type op struct {
 	seq      uint64 // async: position among the VQP's async ops
 	async    bool
 	deadline time.Time // SEND: give up RNR retries after it
+	expires  time.Time // the operation's hard deadline (zero: none; see liveness.go)
 	onDone   func(*op) // internal completion hook, run with no lock held
 
 	state   opState

@@ -26,7 +26,7 @@ type Resolver interface {
 
 // pauseState says whether a peer's queues may be posted.
 //
-//	none --(DC key / no-QP NAK, or retries exhausted)--> resolve --(re-lookup done)--> none
+//	none --(DC key / no-QP NAK)------------------------> resolve --(re-lookup done)--> none
 //	none --(RNR retries exhausted on a SEND)-----------> rnr -----(backoff elapsed)--> none
 type pauseState uint8
 
@@ -155,9 +155,13 @@ type peer struct {
 	info      meta.NodeInfo
 	target    verbs.DCTarget
 	pause     pauseState
-	stallDown bool  // the pause is for a silent peer (else a stale one)
 	stalled   []*op // failed ops waiting for the pause to end, in order
-	downUntil time.Time
+
+	// Liveness (see liveness.go).
+	strikes    int       // consecutive retry-exhausted failures, no answer since
+	silentFrom time.Time // no answer from the peer since then (valid if strikes > 0)
+	down       bool      // declared down on evidence of death
+	probeAt    time.Time // while down: when the next operation may go as a probe
 
 	// Region directory cache.
 	dir         map[string]Region

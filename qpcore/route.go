@@ -23,18 +23,6 @@ import (
 // starting goroutines, destroying QPs) is collected in effects and done by
 // apply.
 
-// usableLocked refuses new work for a closed or recently unreachable
-// peer.
-func (n *Node) usableLocked(p *peer) error {
-	if p.closed {
-		return ErrClosed
-	}
-	if !p.downUntil.IsZero() && n.clock.Now().Before(p.downUntil) {
-		return fmt.Errorf("%w: gid %d did not answer within %v", ErrPeerUnreachable, p.gid, n.cfg.PeerTimeout)
-	}
-	return nil
-}
-
 // post pre-checks and enqueues one synchronous op.
 func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 	p := v.p
@@ -99,6 +87,9 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 // prepareLocked pre-checks wr and builds its op, registered in the op
 // table. It may release and retake p.mu to read the peer's directory.
 func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op, error) {
+	// The deadline counts from here: a directory read the pre-check
+	// waits for is part of the operation.
+	start := n.clock.Now()
 	if err := n.precheckLocked(ctx, p, v, wr); err != nil {
 		n.stats.reject(err)
 		return nil, err
@@ -125,8 +116,12 @@ func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op,
 		}
 		o.sink = s
 	}
+	o.expires = start.Add(n.cfg.PeerTimeout)
 	n.ops.add(o)
 	p.active++
+	if p.down {
+		p.probeAt = n.clock.Now().Add(n.attempt) // o is the down peer's probe
+	}
 	return o, nil
 }
 
@@ -171,6 +166,11 @@ func (n *Node) switchRouteLocked(v *VQP, to Transport) {
 }
 
 func (n *Node) queueLocked(p *peer, o *op, t Transport) {
+	if o.expires.IsZero() && o.code != opSend {
+		// Internal READs (directory, rendezvous) are bounded like the
+		// caller's operations; SENDs keep MsgTimeout (RNR retries).
+		o.expires = n.clock.Now().Add(n.cfg.PeerTimeout)
+	}
 	o.route = t
 	o.setState(opQueued)
 	o.v.out[t]++
@@ -339,7 +339,14 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 		return
 	}
 	wrs, ops := e.wrs[:0], e.posting[:0]
+	now := n.clock.Now()
 	for _, o := range batch {
+		if !n.canRetryLocked(o, now) {
+			// Another attempt would end after the deadline.
+			n.stats.opTimeouts.Add(1)
+			n.finishLocked(p, o, n.expiredErr(p, o), e)
+			continue
+		}
 		wr, err := n.buildWRLocked(p, o, t)
 		if err != nil {
 			n.stats.reject(err)

@@ -21,6 +21,7 @@ type counters struct {
 	qpErrors, dciRecoveries, reposted, remoteErrors  atomic.Uint64
 	rnrRetries, relookups, staleRetries, unreachable atomic.Uint64
 	postErrors                                       atomic.Uint64
+	opTimeouts, lossRetries, peersDown, peersUp      atomic.Uint64
 
 	rcConnects, rcConnectFailures, rcEvictions, rcIdle atomic.Uint64
 	rcFallbacks, rcErrors, rcAccepted, rcReclaimed     atomic.Uint64
@@ -85,6 +86,11 @@ type Stats struct {
 	QPErrors, DCIRecoveries, Reposted, RemoteErrors  uint64
 	RNRRetries, Relookups, StaleRetries, Unreachable uint64
 	PostErrors                                       uint64
+	// Liveness and deadlines (see "Timeouts and liveness" in the package
+	// doc): operations ended by their deadline, operations posted again
+	// after their QP exhausted its transport retries, peers declared down
+	// on evidence of death, and down peers that answered again.
+	OpTimeouts, LossRetries, PeersDown, PeersUp uint64
 
 	// RC pool: QPs now, connections made and failed, LRU evictions, idle
 	// teardowns, fallbacks to DC (any teardown), QP errors; passive QPs
@@ -134,6 +140,7 @@ func (n *Node) Stats() Stats {
 		QPErrors:         c.qpErrors.Load(), DCIRecoveries: c.dciRecoveries.Load(), Reposted: c.reposted.Load(),
 		RemoteErrors: c.remoteErrors.Load(), RNRRetries: c.rnrRetries.Load(), Relookups: c.relookups.Load(),
 		StaleRetries: c.staleRetries.Load(), Unreachable: c.unreachable.Load(), PostErrors: c.postErrors.Load(),
+		OpTimeouts: c.opTimeouts.Load(), LossRetries: c.lossRetries.Load(), PeersDown: c.peersDown.Load(), PeersUp: c.peersUp.Load(),
 		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(), RCSlotWaits: c.rcSlotWaits.Load(),
 		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
 		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
@@ -174,6 +181,7 @@ type PeerState struct {
 	RC          string    // RC connection phase
 	Regions     int       // regions in the cached directory (-1: not cached)
 	Active      int       // operations in progress
+	Down        bool      // declared down on evidence of death (see the package doc)
 }
 
 // Peer describes the state kept for gid, if any.
@@ -192,7 +200,7 @@ func (n *Node) Peer(gid uint32) (PeerState, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := PeerState{GID: gid, Incarnation: p.info.Incarnation, Addr: p.info.Addr.String(), RC: p.rcPhase.String(),
-		Regions: -1, Active: p.active}
+		Regions: -1, Active: p.active, Down: p.down}
 	if p.rcPhase == rcReady {
 		s.Transport = RC
 	}
