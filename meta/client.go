@@ -24,6 +24,7 @@ const (
 	DefaultRPCTimeout     = time.Second
 	DefaultConnectTimeout = time.Second
 	DefaultRetryInterval  = 200 * time.Millisecond
+	DefaultQPRetryCnt     = 7
 	// ListChunk bounds one READ of List. The default table (2 MiB) is
 	// one READ; larger tables are read in several READs posted with one
 	// doorbell.
@@ -54,9 +55,12 @@ type ClientConfig struct {
 	// RetryInterval paces reconnection to a server that is down, and is
 	// how often the client checks whether a connection needs a ping.
 	RetryInterval time.Duration
-	// QPTimeout and QPRetryCnt tune the RC QPs (zero: the device's
-	// defaults); a dead server is noticed after about
-	// QPTimeout*(QPRetryCnt+1) on a READ.
+	// QPTimeout and QPRetryCnt tune the RC QPs; a dead server is noticed
+	// after about QPTimeout*(QPRetryCnt+1) on a READ. Zero QPTimeout is
+	// RPCTimeout/(QPRetryCnt+1), zero QPRetryCnt DefaultQPRetryCnt: a
+	// connection outlives a server that is merely slow (a loaded machine
+	// stalls processes for tens of milliseconds, longer than a NIC's
+	// default ACK timeout budget) for as long as an RPC would wait.
 	QPTimeout  time.Duration
 	QPRetryCnt int
 	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
@@ -88,6 +92,12 @@ func (c *ClientConfig) fill() error {
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
+	}
+	if c.QPRetryCnt == 0 {
+		c.QPRetryCnt = DefaultQPRetryCnt
+	}
+	if c.QPTimeout == 0 {
+		c.QPTimeout = c.RPCTimeout / time.Duration(c.QPRetryCnt+1)
 	}
 	if c.Clock == nil {
 		c.Clock = clock.System{}
@@ -418,8 +428,15 @@ func (c *Client) each(ctx context.Context, f func(cn *conn) (done bool, err erro
 			break // every server answered; none had it
 		}
 	}
-	if last == nil {
+	switch {
+	case last == nil:
 		last = ErrUnreachable
+	case ctx.Err() != nil:
+	case !errors.As(last, new(*Error)):
+		// A connection request that timed out, a QP that failed: the
+		// server is unreachable, and the error says so (and carries an
+		// errno) whatever the verbs layer called it.
+		last = fmt.Errorf("%w: %w", ErrUnreachable, last)
 	}
 	return last
 }

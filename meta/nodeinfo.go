@@ -1,8 +1,8 @@
 package meta
 
 import (
-	"errors"
 	"net/netip"
+	"syscall"
 )
 
 // NodeInfo is what the meta service knows of a node: everything a peer
@@ -19,23 +19,40 @@ type NodeInfo struct {
 	DirLen      uint32         // length of the region directory in bytes
 }
 
+// Error is a meta error value. Each carries the errno a file operation
+// should report for it (Errno), so that a failed lookup surfaces as
+// ENOENT or EHOSTDOWN rather than EIO. Compare with errors.Is.
+type Error struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e *Error) Error() string { return e.msg }
+
+// Errno is the errno that describes e.
+func (e *Error) Errno() syscall.Errno { return e.errno }
+
+func newError(msg string, errno syscall.Errno) *Error { return &Error{"meta: " + msg, errno} }
+
 // Errors every meta client returns (wrapped with detail).
 var (
-	ErrNotFound    = errors.New("meta: no such node")
-	ErrGIDInUse    = errors.New("meta: gid held by a live node")
-	ErrUnreachable = errors.New("meta: no meta server reachable")
+	ErrNotFound = newError("no such node", syscall.ENOENT)
+	ErrGIDInUse = newError("gid held by a live node", syscall.EADDRINUSE)
+	// ErrUnreachable: no meta server answered (a connection failed, was
+	// refused, or a READ or RPC found no live server in time).
+	ErrUnreachable = newError("no meta server reachable", syscall.EHOSTDOWN)
 
 	// ErrNotRegistered: a heartbeat or deregistration for a gid the
 	// server holds no live lease for (it expired, or the server restarted).
-	ErrNotRegistered = errors.New("meta: not registered")
+	ErrNotRegistered = newError("not registered", syscall.ENOENT)
 	// ErrTableFull: the server found no free slot within reach of the
 	// gid's home slot, or no gid to assign.
-	ErrTableFull = errors.New("meta: node table full")
+	ErrTableFull = newError("node table full", syscall.ENOSPC)
 	// ErrMalformed: the server could not parse a request.
-	ErrMalformed = errors.New("meta: malformed message")
+	ErrMalformed = newError("malformed message", syscall.EPROTO)
 	// ErrStale: the table still holds the metadata the data path just
 	// found stale (the peer restarted and has not registered again).
-	ErrStale = errors.New("meta: peer metadata is stale")
+	ErrStale = newError("peer metadata is stale", syscall.ESTALE)
 	// ErrClosed: the Client, Server or Agent was closed.
-	ErrClosed = errors.New("meta: closed")
+	ErrClosed = newError("closed", syscall.EBADF)
 )
