@@ -125,6 +125,9 @@ func testNode(gid uint32, inc uint64) NodeInfo {
 		DCKey:       inc * 0x9e3779b97f4a7c15,
 		DirRKey:     uint32(inc>>32) ^ gid,
 		DirLen:      uint32(inc) * 3,
+		MemRKey:     uint32(inc>>8) ^ gid,
+		MemLen:      inc * 5,
+		Transport:   []string{"softnic/udp", "rdma/roce", "rdma/ib", ""}[inc%4],
 	}
 }
 

@@ -24,9 +24,10 @@ import (
 //	ping        (empty)                     (empty)
 //	bye         (empty)                     (no reply)
 //
-// A record is 47 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
+// A record is 75 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
 // port u16, flags u8 (bit 0: IPv4), DCT number u32, DC key u64, region
-// directory rkey u32 and length u32. A gid of 0 in a registration asks
+// directory rkey u32 and length u32, default region rkey u32 and length
+// u64, transport name [16] (NUL-padded printable ASCII). A gid of 0 in a registration asks
 // the server to assign one, an incarnation of 0 to assign that.
 //
 // Parsing is strict, so that every accepted message has exactly one
@@ -37,9 +38,9 @@ import (
 // all malformed.
 const (
 	msgMagic   = 0x6d
-	msgVersion = 1
+	msgVersion = 2
 	msgHdrLen  = 8
-	recordLen  = 47
+	recordLen  = 75
 	// MaxMessage bounds every message; receive buffers are this large.
 	MaxMessage = 128
 
@@ -260,6 +261,10 @@ func putRecord(p []byte, n *NodeInfo) {
 	binary.LittleEndian.PutUint64(p[31:], n.DCKey)
 	binary.LittleEndian.PutUint32(p[39:], n.DirRKey)
 	binary.LittleEndian.PutUint32(p[43:], n.DirLen)
+	binary.LittleEndian.PutUint32(p[47:], n.MemRKey)
+	binary.LittleEndian.PutUint64(p[51:], n.MemLen)
+	clear(p[59:75])
+	copy(p[59:75], n.Transport)
 }
 
 func getRecord(p []byte, n *NodeInfo) error {
@@ -281,5 +286,19 @@ func getRecord(p []byte, n *NodeInfo) error {
 	n.DCKey = binary.LittleEndian.Uint64(p[31:])
 	n.DirRKey = binary.LittleEndian.Uint32(p[39:])
 	n.DirLen = binary.LittleEndian.Uint32(p[43:])
+	n.MemRKey = binary.LittleEndian.Uint32(p[47:])
+	n.MemLen = binary.LittleEndian.Uint64(p[51:])
+	n.Transport = getTransport(p[59:75])
+	if !validTransport(n.Transport) || paddedTransport(n.Transport) != string(p[59:75]) {
+		return fmt.Errorf("%w: transport name %q", ErrMalformed, p[59:75])
+	}
 	return nil
+}
+
+// paddedTransport is the canonical NUL-padded encoding of t, for strict
+// parsing (one encoding per message).
+func paddedTransport(t string) string {
+	var b [MaxTransport]byte
+	copy(b[:], t)
+	return string(b[:])
 }

@@ -8,7 +8,12 @@ import (
 // NodeInfo is what the meta service knows of a node: everything a peer
 // needs to reach it with no handshake. A DCI reaches the node's DCT with
 // (Addr, DCTN, DCKey); the region directory (DirRKey, DirLen) lists the
-// regions the node exports.
+// regions the node exports. MemRKey and MemLen describe its default
+// region ("mem") so that a peer's first READ of it needs no directory
+// READ; they are a hint, which the data path checks like any cached key.
+// Transport names the wire protocol the node speaks ("softnic/udp",
+// "rdma/roce", "rdma/ib"; empty is softnic/udp): nodes of different
+// transports cannot reach each other.
 type NodeInfo struct {
 	GID         uint32         // cluster-wide node ID, never 0
 	Incarnation uint64         // new on every daemon start
@@ -17,6 +22,9 @@ type NodeInfo struct {
 	DCKey       uint64         // the key its DCT checks
 	DirRKey     uint32         // rkey of the node's region directory
 	DirLen      uint32         // length of the region directory in bytes
+	MemRKey     uint32         // rkey of the default region; 0: none
+	MemLen      uint64         // length of the default region in bytes
+	Transport   string         // at most MaxTransport printable bytes
 }
 
 // Error is a meta error value. Each carries the errno a file operation
