@@ -9,6 +9,7 @@ import (
 
 	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/leaktest"
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 )
@@ -127,6 +128,7 @@ func testNode(gid uint32, inc uint64) NodeInfo {
 		DirLen:      uint32(inc) * 3,
 		MemRKey:     uint32(inc>>8) ^ gid,
 		MemLen:      inc * 5,
+		MemAccess:   verbs.Access(inc) & verbs.AccessAll,
 		Transport:   []string{"softnic/udp", "rdma/roce", "rdma/ib", ""}[inc%4],
 	}
 }

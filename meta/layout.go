@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"net/netip"
 	"time"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // The node table as it lies in the server's registered memory. Everything
@@ -37,7 +39,8 @@ import (
 //	40 u64 DC key           48  u32 region directory rkey
 //	52 u32 region directory length                 56  u32 lease expiry
 //	60 u32 default region rkey                     64  u64 default region length
-//	72 [16] transport name (NUL-padded)            88  [36] reserved (zero)
+//	72 [16] transport name (NUL-padded)            88  u8 default region access
+//	89 [35] reserved (zero)
 //	124 u32 tail version
 //
 // The lease expiry is in milliseconds since the header's epoch, modulo
@@ -79,6 +82,7 @@ const (
 	offMemKey    = 60
 	offMemLen    = 64
 	offTransport = 72
+	offMemAccess = 88
 	offTail      = 124
 )
 
@@ -192,6 +196,7 @@ func putEntryBody(b []byte, e *entry) {
 	binary.LittleEndian.PutUint32(b[offMemKey:], n.MemRKey)
 	binary.LittleEndian.PutUint64(b[offMemLen:], n.MemLen)
 	copy(b[offTransport:offTransport+MaxTransport], n.Transport)
+	b[offMemAccess] = byte(n.MemAccess)
 }
 
 // putEntry writes a whole, consistent slot with the given version (even).
@@ -233,6 +238,7 @@ func decodeEntry(b []byte) (e entry, ok bool) {
 	n.MemRKey = binary.LittleEndian.Uint32(b[offMemKey:])
 	n.MemLen = binary.LittleEndian.Uint64(b[offMemLen:])
 	n.Transport = getTransport(b[offTransport : offTransport+MaxTransport])
+	n.MemAccess = verbs.Access(b[offMemAccess])
 	return e, true
 }
 

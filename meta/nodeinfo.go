@@ -3,12 +3,14 @@ package meta
 import (
 	"net/netip"
 	"syscall"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // NodeInfo is what the meta service knows of a node: everything a peer
 // needs to reach it with no handshake. A DCI reaches the node's DCT with
 // (Addr, DCTN, DCKey); the region directory (DirRKey, DirLen) lists the
-// regions the node exports. MemRKey and MemLen describe its default
+// regions the node exports. MemRKey, MemLen and MemAccess describe its default
 // region ("mem") so that a peer's first READ of it needs no directory
 // READ; they are a hint, which the data path checks like any cached key.
 // Transport names the wire protocol the node speaks ("softnic/udp",
@@ -24,6 +26,7 @@ type NodeInfo struct {
 	DirLen      uint32         // length of the region directory in bytes
 	MemRKey     uint32         // rkey of the default region; 0: none
 	MemLen      uint64         // length of the default region in bytes
+	MemAccess   verbs.Access   // what the default region allows
 	Transport   string         // at most MaxTransport printable bytes
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // TestAgentUpdate: a registered node publishes its default region and
@@ -16,14 +18,14 @@ func TestAgentUpdate(t *testing.T) {
 	srv := startServer(t, f.device(), ServerConfig{Slots: 64})
 	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}}
 	info := testNode(5, 9)
-	info.MemRKey, info.MemLen, info.Transport = 0, 0, "softnic/udp"
+	info.MemRKey, info.MemLen, info.MemAccess, info.Transport = 0, 0, 0, "softnic/udp"
 	a, err := startClient(t, f.device(), ccfg).Register(ctx, info, AgentConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	upd := info
-	upd.MemRKey, upd.MemLen, upd.GID, upd.Incarnation = 0xabcd, 1<<20, 0, 0
+	upd.MemRKey, upd.MemLen, upd.MemAccess, upd.GID, upd.Incarnation = 0xabcd, 1<<20, verbs.AccessRemoteRead, 0, 0
 	if err := a.Update(ctx, upd); err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +34,7 @@ func TestAgentUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := info
-	want.MemRKey, want.MemLen = 0xabcd, 1<<20
+	want.MemRKey, want.MemLen, want.MemAccess = 0xabcd, 1<<20, verbs.AccessRemoteRead
 	if got != want {
 		t.Fatalf("after Update: %+v, want %+v", got, want)
 	}

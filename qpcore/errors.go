@@ -49,6 +49,9 @@ var (
 	ErrRemote          = newError("remote operation failed", syscall.EIO)
 	ErrDirectory       = newError("peer's region directory unreadable", syscall.EIO)
 	ErrTimeout         = newError("timed out", syscall.ETIMEDOUT)
+	// ErrTransportMismatch: the peer speaks another wire protocol (a
+	// softnic node and an rdma node cannot reach each other).
+	ErrTransportMismatch = newError("peer on another transport", syscall.EPROTO)
 )
 
 // Errors of region export.

@@ -25,7 +25,7 @@ type counters struct {
 	rcConnects, rcConnectFailures, rcEvictions, rcIdle atomic.Uint64
 	rcFallbacks, rcErrors, rcAccepted, rcReclaimed     atomic.Uint64
 
-	dirReads, dirTorn atomic.Uint64
+	dirReads, dirTorn, dirHints atomic.Uint64
 
 	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed atomic.Uint64
 	msgSmallBytes, msgSmallCopied, msgLargeBytes              atomic.Uint64
@@ -92,8 +92,9 @@ type Stats struct {
 	RCConnects, RCConnectFailures, RCEvictions, RCIdle uint64
 	RCFallbacks, RCErrors, RCAccepted, RCReclaimed     uint64
 
-	// Region directory READs, and torn reads repeated.
-	DirReads, DirTorn uint64
+	// Region directory READs, torn reads repeated, and pre-checks of the
+	// default region answered by the meta entry's hint (no directory READ).
+	DirReads, DirTorn, DirHints uint64
 
 	// Messages sent and received, by rendezvous, dropped (no port),
 	// malformed; payload bytes delivered and bytes copied by qpcore on
@@ -128,7 +129,7 @@ func (n *Node) Stats() Stats {
 		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(),
 		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
 		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
-		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(),
+		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(), DirHints: c.dirHints.Load(),
 		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
 		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
 		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
