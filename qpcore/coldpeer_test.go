@@ -148,6 +148,7 @@ func BenchmarkQPCoreColdRead(b *testing.B) {
 	iters := min(max(b.N, 200), 2000)
 	buf := make([]byte, 8)
 	cold := make(baseline.Latencies, 0, iters)
+	first := make(baseline.Latencies, 0, iters)
 	warm := make(baseline.Latencies, 0, iters)
 	dir0 := a.Stats().DirReads
 	b.ResetTimer()
@@ -157,10 +158,12 @@ func BenchmarkQPCoreColdRead(b *testing.B) {
 		}
 		t0 := time.Now()
 		v, err := a.Connect(ctx, 2)
+		t1 := time.Now()
 		if err == nil {
 			err = v.Read(ctx, buf, "mem", 0)
 		}
 		cold = append(cold, time.Since(t0))
+		first = append(first, time.Since(t1))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -175,6 +178,7 @@ func BenchmarkQPCoreColdRead(b *testing.B) {
 	b.StopTimer()
 	cs := reportLat(b, "cold-connect+read", cold)
 	ws := reportLat(b, "warm-read", warm)
+	reportLat(b, "first-read", first)
 	b.ReportMetric(baseline.Ratio(cs.Typical, ws.Typical), "cold-x-warm")
 	b.ReportMetric(float64(a.Stats().DirReads-dir0)/float64(iters), "dir-reads/cold")
 }
