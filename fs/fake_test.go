@@ -17,15 +17,15 @@ import (
 type fakeBackend struct {
 	self uint32
 
-	mu      sync.Mutex
-	peers   map[uint32]map[string]*fakeRegion
-	ports   map[uint32]chan []byte // this node's bound ports
-	down    map[uint32]bool
+	mu    sync.Mutex
+	peers map[uint32]map[string]*fakeRegion
+	ports map[uint32]chan []byte // this node's bound ports
+	down  map[uint32]bool
 	// metaDown makes Peers and PeerInfo fail as with the meta service
 	// unreachable (EHOSTDOWN); peers stay reachable.
 	metaDown bool
 	connect  int // Connect calls
-	closed  int // Conn.Close calls
+	closed   int // Conn.Close calls
 	// fault, if set, runs instead of a remote ReadAt or WriteAt (write
 	// tells which) of a peer region; do performs the real transfer.
 	fault func(write bool, p []byte, off int64, do func(p []byte, off int64) (int, error)) (int, error)
