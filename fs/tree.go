@@ -397,8 +397,10 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
 	if off >= h.size.Load() {
-		// The end as last seen: the region may have grown since.
-		if err := h.refresh(c, f.region, peerFresh); err != nil {
+		// The end as last seen: the region may have grown since (one
+		// directory READ per read at the end, so a sequential reader
+		// pays it once).
+		if err := h.refresh(c, f.region, 0); err != nil {
 			return nil, errno(err)
 		}
 		if off >= h.size.Load() {
@@ -434,7 +436,7 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 	defer cancel()
 	if len(data) > 0 && off+int64(len(data)) > h.size.Load() {
 		// Past the end as last seen: the region may have grown since.
-		if err := h.refresh(c, f.region, peerFresh); err != nil {
+		if err := h.refresh(c, f.region, 0); err != nil {
 			return 0, errno(err)
 		}
 	}

@@ -347,6 +347,9 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 	defer s.mu.Unlock()
 	if err != nil {
 		s.lastErr = err
+		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
+		}
 		return nil, err
 	}
 	if c.closed() {
@@ -454,7 +457,7 @@ func (c *Client) each(ctx context.Context, f func(cn *conn) (done bool, err erro
 	switch {
 	case last == nil:
 		last = ErrUnreachable
-	case ctx.Err() != nil:
+	case errors.Is(last, context.Canceled) || errors.Is(last, context.DeadlineExceeded):
 	case !errors.As(last, new(*Error)):
 		// A connection request that timed out, a QP that failed: the
 		// server is unreachable, and the error says so (and carries an
