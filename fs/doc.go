@@ -41,11 +41,30 @@
 // whose answer was lost: it may have executed), ETIMEDOUT for an operation
 // that did not complete within Options.Timeout's bound, EHOSTDOWN for a
 // peer declared down on evidence of death (see qpcore's "Timeouts and
-// liveness"), ENOENT for an unknown gid, region or port, EACCES for a
+// liveness") or an unreachable meta service, EPROTO for a peer on another
+// transport (softnic and rdma nodes cannot reach each other), ENOENT for an unknown gid, region or port, EACCES for a
 // permission, EINVAL for bad alignment or arguments. Every remote
 // operation ends within qpcore's PeerTimeout (krfs's --timeout) plus a
 // housekeeping tick; Options.Timeout, which krfs sets to --timeout + 1 s,
 // is only a backstop.
+//
+// # Peers change
+//
+// peers/<gid>/mr/ follows the peer: a listing reads the peer's region
+// directory again, a lookup or stat uses a copy at most 1 s old (a name
+// it lacks is looked up again, at most every 100 ms), and an open takes
+// the size from such a copy. An open descriptor follows the region: a
+// read or write at or past the end as last seen reads the directory
+// again (a grown region's new bytes are read; at the new end a read
+// returns 0), and an operation that fails because the region changed (a
+// new rkey, a new size, removed) reads the directory again and is retried
+// once. A removed region is ENOENT; once it is back under the same name,
+// the same descriptor works again.
+//
+// With the meta service unreachable, ls peers shows the last list it
+// gave, and peers this node knows (their metadata is cached) keep
+// working; only unknown peers fail, with EHOSTDOWN, within the mount's
+// timeout.
 //
 // # Atomics
 //

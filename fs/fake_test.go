@@ -17,12 +17,15 @@ import (
 type fakeBackend struct {
 	self uint32
 
-	mu      sync.Mutex
-	peers   map[uint32]map[string]*fakeRegion
-	ports   map[uint32]chan []byte // this node's bound ports
-	down    map[uint32]bool
-	connect int // Connect calls
-	closed  int // Conn.Close calls
+	mu    sync.Mutex
+	peers map[uint32]map[string]*fakeRegion
+	ports map[uint32]chan []byte // this node's bound ports
+	down  map[uint32]bool
+	// metaDown makes Peers and PeerInfo fail as with the meta service
+	// unreachable (EHOSTDOWN); peers stay reachable.
+	metaDown bool
+	connect  int // Connect calls
+	closed   int // Conn.Close calls
 	// fault, if set, runs instead of a remote ReadAt or WriteAt (write
 	// tells which) of a peer region; do performs the real transfer.
 	fault func(write bool, p []byte, off int64, do func(p []byte, off int64) (int, error)) (int, error)
@@ -51,6 +54,9 @@ func (f *fakeBackend) Self() uint32 { return f.self }
 func (f *fakeBackend) Peers(ctx context.Context) ([]uint32, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.metaDown {
+		return nil, syscall.EHOSTDOWN
+	}
 	var out []uint32
 	for g := range f.peers {
 		out = append(out, g)
@@ -61,6 +67,9 @@ func (f *fakeBackend) Peers(ctx context.Context) ([]uint32, error) {
 func (f *fakeBackend) PeerInfo(ctx context.Context, gid uint32) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.metaDown {
+		return "", syscall.EHOSTDOWN
+	}
 	if f.peers[gid] == nil {
 		return "", syscall.ENOENT
 	}

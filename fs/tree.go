@@ -3,9 +3,12 @@ package fs
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -57,10 +60,75 @@ func (r *root) OnAdd(ctx context.Context) {
 	add("stats.json", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
 }
 
-// peersDir lists the live nodes of the cluster.
+// How fresh the files under peers/<gid>/ are. A listing of mr/ reads the
+// peer's region directory again; a name it does not know, an open or a
+// stat uses a copy at most peerFresh old, and a name still unknown is
+// looked up again at most every peerMissRefresh. A read or write that
+// fails because the region changed (new rkey, new size, removed) reads
+// the directory again and is retried once.
+const (
+	peerFresh       = time.Second
+	peerMissRefresh = 100 * time.Millisecond
+)
+
+// freshConn is a Conn that can re-read the peer's region directory when
+// its cached copy is older than maxAge (the daemon's is; a Conn without it
+// is asked with Regions).
+type freshConn interface {
+	FreshRegions(ctx context.Context, maxAge time.Duration) ([]Region, error)
+	FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error)
+}
+
+func freshRegions(ctx context.Context, conn Conn, maxAge time.Duration) ([]Region, error) {
+	if fc, ok := conn.(freshConn); ok {
+		return fc.FreshRegions(ctx, maxAge)
+	}
+	return conn.Regions(ctx)
+}
+
+func freshRegion(ctx context.Context, conn Conn, name string, maxAge time.Duration) (Region, error) {
+	if fc, ok := conn.(freshConn); ok {
+		return fc.FreshRegion(ctx, name, maxAge)
+	}
+	rs, err := conn.Regions(ctx)
+	if err != nil {
+		return Region{}, err
+	}
+	for _, r := range rs {
+		if r.Name == name {
+			return r, nil
+		}
+	}
+	return Region{}, syscall.ENOENT
+}
+
+// peersDir lists the live nodes of the cluster. With the meta service
+// unreachable it shows the last list it got, and peers on it stay
+// reachable by name (their metadata is cached below).
 type peersDir struct {
 	gofs.Inode
 	m *mount
+
+	mu   sync.Mutex // guards last
+	last []uint32   // the last list the meta service gave
+}
+
+// lastKnown reports whether gid was on the last list.
+func (d *peersDir) lastKnown(gid uint32) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := sort.Search(len(d.last), func(i int) bool { return d.last[i] >= gid })
+	return i < len(d.last) && d.last[i] == gid
+}
+
+// unavailable reports whether err says the meta service (or the peer)
+// did not answer, as opposed to a definite answer such as ENOENT.
+func unavailable(err error) bool {
+	switch errno(err) {
+	case syscall.EHOSTDOWN, syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.EIO:
+		return true
+	}
+	return false
 }
 
 var _ = (gofs.NodeReaddirer)((*peersDir)(nil))
@@ -70,10 +138,19 @@ func (d *peersDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 	c, cancel := d.m.ctx(ctx)
 	defer cancel()
 	gids, err := d.m.b.Peers(c)
-	if err != nil {
+	d.mu.Lock()
+	switch {
+	case err == nil:
+		sort.Slice(gids, func(i, j int) bool { return gids[i] < gids[j] })
+		d.last = gids
+	case d.last != nil && unavailable(err):
+		d.m.logf("peers: meta service unavailable (%v): listing the last known peers", err)
+		gids = d.last
+	default:
+		d.mu.Unlock()
 		return nil, errno(err)
 	}
-	sort.Slice(gids, func(i, j int) bool { return gids[i] < gids[j] })
+	d.mu.Unlock()
 	ents := make([]fuse.DirEntry, len(gids))
 	for i, g := range gids {
 		ents[i] = fuse.DirEntry{Name: fmtUint(g), Mode: syscall.S_IFDIR}
@@ -88,7 +165,7 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	c, cancel := d.m.ctx(ctx)
 	defer cancel()
-	if _, err := d.m.b.PeerInfo(c, gid); err != nil {
+	if _, err := d.m.b.PeerInfo(c, gid); err != nil && !(unavailable(err) && d.lastKnown(gid)) {
 		return nil, errno(err)
 	}
 	out.Mode = syscall.S_IFDIR | 0o755
@@ -130,19 +207,26 @@ type peerMRDir struct {
 var _ = (gofs.NodeReaddirer)((*peerMRDir)(nil))
 var _ = (gofs.NodeLookuper)((*peerMRDir)(nil))
 
-func (d *peerMRDir) regions(ctx context.Context) ([]Region, error) {
+// conn opens a VQP to the peer for one directory operation.
+func (d *peerMRDir) withConn(ctx context.Context, f func(c context.Context, conn Conn) error) error {
 	c, cancel := d.m.ctx(ctx)
 	defer cancel()
 	conn, err := d.m.b.Connect(c, d.gid)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer conn.Close()
-	return conn.Regions(c)
+	return f(c, conn)
 }
 
+// Readdir reads the peer's region directory again: regions created or
+// removed on the peer show at once.
 func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	rs, err := d.regions(ctx)
+	var rs []Region
+	err := d.withConn(ctx, func(c context.Context, conn Conn) (err error) {
+		rs, err = freshRegions(c, conn, 0)
+		return err
+	})
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -153,19 +237,24 @@ func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 	return gofs.NewListDirStream(ents), 0
 }
 
+// Lookup finds a region in a copy of the directory at most peerFresh
+// old; a name that copy lacks is looked up in one at most
+// peerMissRefresh old (a region just created on the peer).
 func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	rs, err := d.regions(ctx)
+	var r Region
+	err := d.withConn(ctx, func(c context.Context, conn Conn) (err error) {
+		r, err = freshRegion(c, conn, name, peerFresh)
+		if errno(err) == syscall.ENOENT {
+			r, err = freshRegion(c, conn, name, peerMissRefresh)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, errno(err)
 	}
-	for _, r := range rs {
-		if r.Name == name {
-			f := &remoteFile{m: d.m, gid: d.gid, region: name}
-			f.fill(&out.Attr, r)
-			return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
-		}
-	}
-	return nil, syscall.ENOENT
+	f := &remoteFile{m: d.m, gid: d.gid, region: name}
+	f.fill(&out.Attr, r)
+	return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
 // remoteFile is a peer's region; each open is one virtual QP.
@@ -186,12 +275,39 @@ var (
 	_ = (gofs.NodeSetattrer)((*remoteFile)(nil))
 )
 
-// remoteHandle is an open remote file: its VQP, the region size seen at
-// open and whether it was opened for writing (atomics need that).
+// remoteHandle is an open remote file: its VQP, the region size as last
+// seen (at open, then refreshed when an operation meets the end or a
+// change) and whether it was opened for writing (atomics need that).
 type remoteHandle struct {
 	conn     Conn
-	size     int64
+	size     atomic.Int64
 	writable bool
+}
+
+// refresh reads the region's size again from a directory copy at most
+// maxAge old. A removed region is ENOENT.
+func (h *remoteHandle) refresh(ctx context.Context, region string, maxAge time.Duration) error {
+	r, err := freshRegion(ctx, h.conn, region, maxAge)
+	if err != nil {
+		return err
+	}
+	h.size.Store(r.Size)
+	return nil
+}
+
+// staleErr reports whether a data operation's error may come from a
+// region that changed under the handle (a new rkey, a new size, removed):
+// worth reading the directory again and retrying once. A silent peer or
+// an expired deadline is not.
+func staleErr(err error) bool {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	switch errno(err) {
+	case syscall.EIO, syscall.EFBIG, syscall.ENOENT, syscall.ESTALE:
+		return true
+	}
+	return false
 }
 
 func (f *remoteFile) fill(a *fuse.Attr, r Region) {
@@ -200,24 +316,12 @@ func (f *remoteFile) fill(a *fuse.Attr, r Region) {
 	a.Uid, a.Gid = r.UID, r.GID
 }
 
-func (f *remoteFile) lookup(ctx context.Context, conn Conn) (Region, error) {
-	rs, err := conn.Regions(ctx)
-	if err != nil {
-		return Region{}, err
-	}
-	for _, r := range rs {
-		if r.Name == f.region {
-			return r, nil
-		}
-	}
-	return Region{}, syscall.ENOENT
-}
-
 func (f *remoteFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
 	var conn Conn
-	if h, ok := fh.(*remoteHandle); ok {
+	h, open := fh.(*remoteHandle)
+	if open {
 		conn = h.conn
 	} else {
 		var err error
@@ -226,9 +330,12 @@ func (f *remoteFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.
 		}
 		defer conn.Close()
 	}
-	r, err := f.lookup(c, conn)
+	r, err := freshRegion(c, conn, f.region, peerFresh)
 	if err != nil {
 		return errno(err)
+	}
+	if open {
+		h.size.Store(r.Size)
 	}
 	f.fill(&out.Attr, r)
 	return 0
@@ -262,15 +369,14 @@ func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	if err != nil {
 		return nil, 0, errno(err)
 	}
-	r, err := f.lookup(c, conn)
-	if err != nil {
+	h := &remoteHandle{conn: conn, writable: openedForWriting(flags)}
+	if err := h.refresh(c, f.region, peerFresh); err != nil {
 		conn.Close()
 		return nil, 0, errno(err)
 	}
 	// direct_io: every read reaches the peer; no readahead of 128 KiB for
 	// an 8-byte read.
-	return &remoteHandle{conn: conn, size: r.Size, writable: openedForWriting(flags)},
-		fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+	return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (f *remoteFile) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
@@ -288,15 +394,34 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 	if off < 0 {
 		return nil, syscall.EINVAL
 	}
-	if off >= h.size {
-		return fuse.ReadResultData(nil), 0
-	}
-	n := min(int64(len(dest)), h.size-off)
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
-	// The READ response lands in dest, the buffer go-fuse replies from.
-	got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
-	return readResult(dest, got, int(n), err)
+	if off >= h.size.Load() {
+		// The end as last seen: the region may have grown since (one
+		// directory READ per read at the end, so a sequential reader
+		// pays it once).
+		if err := h.refresh(c, f.region, 0); err != nil {
+			return nil, errno(err)
+		}
+		if off >= h.size.Load() {
+			return fuse.ReadResultData(nil), 0
+		}
+	}
+	for try := 0; ; try++ {
+		n := min(int64(len(dest)), h.size.Load()-off)
+		// The READ response lands in dest, the buffer go-fuse replies from.
+		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
+		if try > 0 || !staleErr(err) {
+			return readResult(dest, got, int(n), err)
+		}
+		// The region changed under the handle: look again, retry once.
+		if rerr := h.refresh(c, f.region, 0); rerr != nil {
+			return nil, errno(rerr)
+		}
+		if off >= h.size.Load() {
+			return fuse.ReadResultData(nil), 0
+		}
+	}
 }
 
 func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
@@ -307,15 +432,29 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 	if off < 0 {
 		return 0, syscall.EINVAL
 	}
-	data, e := clipWrite(data, off, h.size)
-	if e != 0 || len(data) == 0 {
-		return 0, e
-	}
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
-	// Sent straight from the FUSE request buffer.
-	n, err := h.conn.WriteAt(c, f.region, data, off)
-	return writeResult(n, len(data), err)
+	if len(data) > 0 && off+int64(len(data)) > h.size.Load() {
+		// Past the end as last seen: the region may have grown since.
+		if err := h.refresh(c, f.region, 0); err != nil {
+			return 0, errno(err)
+		}
+	}
+	for try := 0; ; try++ {
+		clipped, e := clipWrite(data, off, h.size.Load())
+		if e != 0 || len(clipped) == 0 {
+			return 0, e
+		}
+		// Sent straight from the FUSE request buffer.
+		n, err := h.conn.WriteAt(c, f.region, clipped, off)
+		if try > 0 || n > 0 || !staleErr(err) {
+			return writeResult(n, len(clipped), err)
+		}
+		// The region changed under the handle: look again, retry once.
+		if rerr := h.refresh(c, f.region, 0); rerr != nil {
+			return 0, errno(rerr)
+		}
+	}
 }
 
 func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
@@ -329,13 +468,13 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 	defer cancel()
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
-			if off+8 > h.size {
+			if off+8 > h.size.Load() {
 				return 0, syscall.EINVAL
 			}
 			return h.conn.FetchAdd(c, f.region, off, d)
 		},
 		func(off int64, cmp, swap uint64) (uint64, error) {
-			if off+8 > h.size {
+			if off+8 > h.size.Load() {
 				return 0, syscall.EINVAL
 			}
 			return h.conn.CompareAndSwap(c, f.region, off, cmp, swap)

@@ -74,6 +74,9 @@ func (c *Client) Register(ctx context.Context, info NodeInfo, cfg AgentConfig) (
 	if !validAddr(info.Addr) {
 		return nil, fmt.Errorf("meta: register: node address %v", info.Addr)
 	}
+	if !validTransport(info.Transport) {
+		return nil, fmt.Errorf("meta: register: transport name %q: want at most %d printable bytes", info.Transport, MaxTransport)
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = c.clock
 	}
@@ -250,6 +253,33 @@ func (a *Agent) maintain(ctx context.Context, i int) {
 		}
 	}
 	_ = a.register(ctx, cn, i)
+}
+
+// Update publishes new metadata for the registered node (its gid and
+// incarnation stay): for example the default region's rkey and length
+// once it is exported. Every server that is up gets it now; the others
+// when the agent registers with them again.
+func (a *Agent) Update(ctx context.Context, info NodeInfo) error {
+	if !validAddr(info.Addr) || !validTransport(info.Transport) {
+		return fmt.Errorf("meta: update: address %v or transport %q not storable", info.Addr, info.Transport)
+	}
+	a.mu.Lock()
+	info.GID, info.Incarnation = a.info.GID, a.info.Incarnation
+	a.info = info
+	a.mu.Unlock()
+	c := a.c
+	cns := c.liveConns()
+	if len(cns) == 0 {
+		return fmt.Errorf("%w: update of gid %d left to re-registration", ErrUnreachable, info.GID)
+	}
+	var errs []error
+	for _, cn := range cns {
+		if err := a.register(ctx, cn, c.index(cn)); err != nil {
+			errs = append(errs, fmt.Errorf("%v: %w", cn.addr, err))
+		}
+		cn.unref()
+	}
+	return errors.Join(errs...)
 }
 
 // Info returns the registered node, with its gid and incarnation.

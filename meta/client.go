@@ -24,6 +24,7 @@ const (
 	DefaultRPCTimeout     = time.Second
 	DefaultConnectTimeout = time.Second
 	DefaultRetryInterval  = 200 * time.Millisecond
+	DefaultQPRetryCnt     = 7
 	// ListChunk bounds one READ of List. The default table (2 MiB) is
 	// one READ; larger tables are read in several READs posted with one
 	// doorbell.
@@ -54,9 +55,12 @@ type ClientConfig struct {
 	// RetryInterval paces reconnection to a server that is down, and is
 	// how often the client checks whether a connection needs a ping.
 	RetryInterval time.Duration
-	// QPTimeout and QPRetryCnt tune the RC QPs (zero: the device's
-	// defaults); a dead server is noticed after about
-	// QPTimeout*(QPRetryCnt+1) on a READ.
+	// QPTimeout and QPRetryCnt tune the RC QPs; a dead server is noticed
+	// after about QPTimeout*(QPRetryCnt+1) on a READ. Zero QPTimeout is
+	// RPCTimeout/(QPRetryCnt+1), zero QPRetryCnt DefaultQPRetryCnt: a
+	// connection outlives a server that is merely slow (a loaded machine
+	// stalls processes for tens of milliseconds, longer than a NIC's
+	// default ACK timeout budget) for as long as an RPC would wait.
 	QPTimeout  time.Duration
 	QPRetryCnt int
 	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
@@ -89,6 +93,12 @@ func (c *ClientConfig) fill() error {
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
 	}
+	if c.QPRetryCnt == 0 {
+		c.QPRetryCnt = DefaultQPRetryCnt
+	}
+	if c.QPTimeout == 0 {
+		c.QPTimeout = c.RPCTimeout / time.Duration(c.QPRetryCnt+1)
+	}
 	if c.Clock == nil {
 		c.Clock = clock.System{}
 	}
@@ -109,6 +119,9 @@ type ClientStats struct {
 	Failovers    uint64 // operations retried on another server
 	Connects     uint64 // connections made
 	Invalidated  uint64 // Invalidate and Stale calls
+	// LastKnown counts lookups answered from the last known entry
+	// because no meta server was reachable.
+	LastKnown uint64
 }
 
 // Client reads the node table of one or more meta servers and caches
@@ -127,6 +140,14 @@ type Client struct {
 	// no invalidation happened meanwhile.
 	inval atomic.Uint64
 
+	// known holds the last entry read of each gid (at most CacheEntries),
+	// whatever the DCCache evicted or expired: with every meta server
+	// unreachable, Lookup answers from it, so that peers in use keep
+	// working while the meta service is down. An entry the data path
+	// found stale (Stale) or that a server no longer has is dropped.
+	knownMu sync.Mutex
+	known   map[uint32]NodeInfo
+
 	tick   *clock.Ticker
 	ctx    context.Context // ends at Close; bounds background work
 	cancel context.CancelFunc
@@ -137,6 +158,7 @@ type Client struct {
 	st struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
+		lastKnown                                atomic.Uint64
 	}
 }
 
@@ -164,7 +186,8 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{dev: dev, cfg: cfg, clock: cfg.Clock, pd: pd, done: make(chan struct{})}
+	c := &Client{dev: dev, cfg: cfg, clock: cfg.Clock, pd: pd, done: make(chan struct{}),
+		known: make(map[uint32]NodeInfo)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	for _, a := range cfg.Servers {
 		c.servers = append(c.servers, &server{addr: a, dialing: make(chan struct{}, 1)})
@@ -303,6 +326,16 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	s.mu.Lock()
+	if s.lastErr != nil && c.clock.Now().Sub(s.lastTry) < c.cfg.RetryInterval {
+		// It failed a moment ago: fail at once (maintain tries again
+		// every RetryInterval) rather than make every caller wait for a
+		// connect timeout of its own.
+		err := s.lastErr
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
+	}
+	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
 	defer cancel()
 	s.mu.Lock()
@@ -314,6 +347,9 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 	defer s.mu.Unlock()
 	if err != nil {
 		s.lastErr = err
+		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
+		}
 		return nil, err
 	}
 	if c.closed() {
@@ -418,8 +454,15 @@ func (c *Client) each(ctx context.Context, f func(cn *conn) (done bool, err erro
 			break // every server answered; none had it
 		}
 	}
-	if last == nil {
+	switch {
+	case last == nil:
 		last = ErrUnreachable
+	case errors.Is(last, context.Canceled) || errors.Is(last, context.DeadlineExceeded):
+	case !errors.As(last, new(*Error)):
+		// A connection request that timed out, a QP that failed: the
+		// server is unreachable, and the error says so (and carries an
+		// errno) whatever the verbs layer called it.
+		last = fmt.Errorf("%w: %w", ErrUnreachable, last)
 	}
 	return last
 }
@@ -487,7 +530,17 @@ func (c *Client) Lookup(ctx context.Context, gid uint32) (NodeInfo, error) {
 		}
 	}
 	c.st.misses.Add(1)
-	return c.fetch(ctx, gid)
+	n, err := c.fetch(ctx, gid)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		c.knownMu.Lock()
+		k, ok := c.known[gid]
+		c.knownMu.Unlock()
+		if ok {
+			c.st.lastKnown.Add(1)
+			return k, nil
+		}
+	}
+	return n, err
 }
 
 // fetch reads gid from a server and caches it.
@@ -531,6 +584,7 @@ func (c *Client) fetch(ctx context.Context, gid uint32) (NodeInfo, error) {
 	})
 	if err != nil {
 		if notFound && ctx.Err() == nil {
+			c.forget(gid)
 			return NodeInfo{}, fmt.Errorf("%w: gid %d", ErrNotFound, gid)
 		}
 		return NodeInfo{}, fmt.Errorf("meta: lookup %d: %w", gid, err)
@@ -540,9 +594,24 @@ func (c *Client) fetch(ctx context.Context, gid uint32) (NodeInfo, error) {
 }
 
 func (c *Client) store(n NodeInfo, epoch uint64) {
-	if c.cache != nil && c.inval.Load() == epoch {
+	if c.inval.Load() != epoch {
+		return
+	}
+	if c.cache != nil {
 		c.cache.SetWithTTL(n.GID, n, 1, c.cfg.CacheTTL)
 	}
+	c.knownMu.Lock()
+	if _, ok := c.known[n.GID]; ok || int64(len(c.known)) < max(c.cfg.CacheEntries, DefaultCacheEntries) {
+		c.known[n.GID] = n
+	}
+	c.knownMu.Unlock()
+}
+
+// forget drops gid's last known entry.
+func (c *Client) forget(gid uint32) {
+	c.knownMu.Lock()
+	delete(c.known, gid)
+	c.knownMu.Unlock()
 }
 
 // LookupRPC asks a server for gid by RPC, bypassing the cache and the
@@ -695,6 +764,7 @@ func (c *Client) Invalidate(gid uint32) {
 // ErrNotFound if the node is gone.
 func (c *Client) Stale(ctx context.Context, failed NodeInfo) (NodeInfo, error) {
 	c.Invalidate(failed.GID)
+	c.forget(failed.GID)
 	n, err := c.fetch(ctx, failed.GID)
 	if err != nil {
 		return n, err
@@ -725,6 +795,7 @@ func (c *Client) Stats() ClientStats {
 		Failovers:    c.st.failovers.Load(),
 		Connects:     c.st.connects.Load(),
 		Invalidated:  c.st.inval.Load(),
+		LastKnown:    c.st.lastKnown.Load(),
 	}
 }
 

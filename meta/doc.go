@@ -42,12 +42,18 @@
 // # The node table
 //
 // The table is one memory region of the server, registered for remote
-// READ only: a 64-byte header, then slots of 64 bytes (EntrySize, a cache
-// line). layout.go has the byte layout. A gid's home slot is Fibonacci
+// READ only: a 64-byte header, then slots of 128 bytes (EntrySize, two
+// cache lines). layout.go has the byte layout. Besides what a DCI needs
+// (address, DCT number, DC key) and the region directory's key, an entry
+// carries the node's default region ("mem": rkey, length, access), so a
+// peer's first READ of it follows the lookup with no directory READ, and
+// the node's transport ("softnic/udp", "rdma/roce", "rdma/ib"), so a node
+// can refuse a peer it cannot reach. Agent.Update publishes new values
+// (the default region is exported after registration). A gid's home slot is Fibonacci
 // hashing of the gid; the entry lies in one of the H slots starting at
 // its home (hopscotch hashing, neighbourhood H = 16 by default), and the
 // table has H-1 slots of padding at its end so a neighbourhood never
-// wraps. A lookup is therefore exactly one READ of H*64 bytes (1 KiB) at
+// wraps. A lookup is therefore exactly one READ of H*128 bytes (2 KiB) at
 // a place the client computes; no server code runs. A miss is certain
 // when the READ shows no torn slot and no match.
 //
@@ -178,11 +184,34 @@
 // per server, so a server that is down delays no other, and registers
 // with it when it comes back). Lookups go to the preferred live server
 // and fail over to the next one when a connection fails (a dead server is
-// noticed by the RC retry limit, QPTimeout*(QPRetryCnt+1)); a gid is
+// noticed by the RC retry limit, QPTimeout*(QPRetryCnt+1), about the
+// RPC timeout); a gid is
 // reported not found only when every reachable server says so. NewClient
 // returns as soon as one server answers, so a dead replica does not stop
 // a node from starting or connecting. An assigned gid comes from the
 // first server and is registered explicitly with the others.
+//
+// # Slow and unreachable servers
+//
+// A loaded machine can leave a process unscheduled for tens of
+// milliseconds, more than a NIC's default ACK budget (softnic: 8 ms x 8).
+// Both ends of a client connection therefore size their RC ACK timeout
+// to the RPC timeout (QPTimeout = RPCTimeout/(QPRetryCnt+1), about 1 s in
+// all): a slow server is not mistaken for a dead one, and a burst of
+// lookups does not turn into a reconnection per lookup
+// (TestColdLookupBurstSlowServer). A server whose connect failed is not
+// dialed again by every caller: for RetryInterval, callers fail at once
+// and the client's maintenance goroutine retries.
+//
+// Every error a client returns is a meta *Error with an errno (Errno):
+// ErrUnreachable is EHOSTDOWN, ErrNotFound ENOENT, ErrStale ESTALE...;
+// failures below (a connection request that timed out, a QP error) are
+// wrapped in ErrUnreachable, so a file system never reports them as EIO.
+//
+// With every server unreachable, Lookup answers a gid it read before
+// from the last entry it read (Stats.LastKnown), whatever the DCCache
+// evicted: peers in use keep working while the meta service is down.
+// Stale and a server's "not found" drop that entry.
 //
 // # DCCache
 //

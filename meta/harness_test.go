@@ -9,6 +9,7 @@ import (
 
 	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/leaktest"
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 )
@@ -125,6 +126,10 @@ func testNode(gid uint32, inc uint64) NodeInfo {
 		DCKey:       inc * 0x9e3779b97f4a7c15,
 		DirRKey:     uint32(inc>>32) ^ gid,
 		DirLen:      uint32(inc) * 3,
+		MemRKey:     uint32(inc>>8) ^ gid,
+		MemLen:      inc * 5,
+		MemAccess:   verbs.Access(inc) & verbs.AccessAll,
+		Transport:   []string{"softnic/udp", "rdma/roce", "rdma/ib", ""}[inc%4],
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"net/netip"
 	"time"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // The node table as it lies in the server's registered memory. Everything
@@ -36,38 +38,52 @@ import (
 //	35 u8  flags (bit 0: IPv4)                     36  u32 DCT number
 //	40 u64 DC key           48  u32 region directory rkey
 //	52 u32 region directory length                 56  u32 lease expiry
-//	60 u32 tail version
+//	60 u32 default region rkey                     64  u64 default region length
+//	72 [16] transport name (NUL-padded)            88  u8 default region access
+//	89 [35] reserved (zero)
+//	124 u32 tail version
 //
 // The lease expiry is in milliseconds since the header's epoch, modulo
-// 2^32 (compare with serial-number arithmetic, as for PSNs).
+// 2^32 (compare with serial-number arithmetic, as for PSNs). The default
+// region ("mem") rkey and length let a peer READ that region right after
+// the lookup, without first READing the region directory (a hint: a stale
+// one fails the data path's rkey or bounds check, which re-reads the
+// directory).
 const (
-	// EntrySize is the size of one table slot: one cache line.
-	EntrySize = 64
+	// EntrySize is the size of one table slot: two cache lines.
+	EntrySize = 128
 	// HeaderSize is the size of the table header; slot 0 follows it.
 	HeaderSize = 64
 
 	tableMagic    = 0x544d524b // "KRMT" little-endian
-	layoutVersion = 1
+	layoutVersion = 2
 
 	stateFree = 0
 	stateLive = 1
 
 	flagIPv4 = 1
 
+	// MaxTransport is the longest transport name (NodeInfo.Transport).
+	MaxTransport = 16
+
 	// Entry field offsets.
-	offHead   = 0
-	offGID    = 4
-	offInc    = 8
-	offIP     = 16
-	offPort   = 32
-	offState  = 34
-	offFlags  = 35
-	offDCTN   = 36
-	offDCKey  = 40
-	offDirKey = 48
-	offDirLen = 52
-	offExpiry = 56
-	offTail   = 60
+	offHead      = 0
+	offGID       = 4
+	offInc       = 8
+	offIP        = 16
+	offPort      = 32
+	offState     = 34
+	offFlags     = 35
+	offDCTN      = 36
+	offDCKey     = 40
+	offDirKey    = 48
+	offDirLen    = 52
+	offExpiry    = 56
+	offMemKey    = 60
+	offMemLen    = 64
+	offTransport = 72
+	offMemAccess = 88
+	offTail      = 124
 )
 
 // tableGeom is the shape of a table: what a client needs, besides the
@@ -161,7 +177,7 @@ type entry struct {
 }
 
 // putEntryBody writes the fields of e between the two versions,
-// b[4:60] of a slot; a free entry is all zeros.
+// b[4:124] of a slot; a free entry is all zeros.
 func putEntryBody(b []byte, e *entry) {
 	clear(b[offGID:offTail])
 	if !e.live {
@@ -177,6 +193,10 @@ func putEntryBody(b []byte, e *entry) {
 	binary.LittleEndian.PutUint32(b[offDirKey:], n.DirRKey)
 	binary.LittleEndian.PutUint32(b[offDirLen:], n.DirLen)
 	binary.LittleEndian.PutUint32(b[offExpiry:], e.expiry)
+	binary.LittleEndian.PutUint32(b[offMemKey:], n.MemRKey)
+	binary.LittleEndian.PutUint64(b[offMemLen:], n.MemLen)
+	copy(b[offTransport:offTransport+MaxTransport], n.Transport)
+	b[offMemAccess] = byte(n.MemAccess)
 }
 
 // putEntry writes a whole, consistent slot with the given version (even).
@@ -215,7 +235,35 @@ func decodeEntry(b []byte) (e entry, ok bool) {
 	n.DirRKey = binary.LittleEndian.Uint32(b[offDirKey:])
 	n.DirLen = binary.LittleEndian.Uint32(b[offDirLen:])
 	e.expiry = binary.LittleEndian.Uint32(b[offExpiry:])
+	n.MemRKey = binary.LittleEndian.Uint32(b[offMemKey:])
+	n.MemLen = binary.LittleEndian.Uint64(b[offMemLen:])
+	n.Transport = getTransport(b[offTransport : offTransport+MaxTransport])
+	n.MemAccess = verbs.Access(b[offMemAccess])
 	return e, true
+}
+
+// getTransport decodes a NUL-padded transport name.
+func getTransport(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+// validTransport reports whether t can be stored: at most MaxTransport
+// printable ASCII bytes.
+func validTransport(t string) bool {
+	if len(t) > MaxTransport {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] <= ' ' || t[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // putAddr encodes an address as 16 IP bytes and a port, returning the

@@ -3,6 +3,8 @@ package meta
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // Two-sided messages between a node and a meta server, carried in SENDs
@@ -24,9 +26,11 @@ import (
 //	ping        (empty)                     (empty)
 //	bye         (empty)                     (no reply)
 //
-// A record is 47 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
+// A record is 76 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
 // port u16, flags u8 (bit 0: IPv4), DCT number u32, DC key u64, region
-// directory rkey u32 and length u32. A gid of 0 in a registration asks
+// directory rkey u32 and length u32, default region rkey u32 and length
+// u64, transport name [16] (NUL-padded printable ASCII), default region
+// access u8 (verbs.Access bits). A gid of 0 in a registration asks
 // the server to assign one, an incarnation of 0 to assign that.
 //
 // Parsing is strict, so that every accepted message has exactly one
@@ -37,9 +41,9 @@ import (
 // all malformed.
 const (
 	msgMagic   = 0x6d
-	msgVersion = 1
+	msgVersion = 2
 	msgHdrLen  = 8
-	recordLen  = 47
+	recordLen  = 76
 	// MaxMessage bounds every message; receive buffers are this large.
 	MaxMessage = 128
 
@@ -260,6 +264,11 @@ func putRecord(p []byte, n *NodeInfo) {
 	binary.LittleEndian.PutUint64(p[31:], n.DCKey)
 	binary.LittleEndian.PutUint32(p[39:], n.DirRKey)
 	binary.LittleEndian.PutUint32(p[43:], n.DirLen)
+	binary.LittleEndian.PutUint32(p[47:], n.MemRKey)
+	binary.LittleEndian.PutUint64(p[51:], n.MemLen)
+	clear(p[59:75])
+	copy(p[59:75], n.Transport)
+	p[75] = byte(n.MemAccess)
 }
 
 func getRecord(p []byte, n *NodeInfo) error {
@@ -281,5 +290,23 @@ func getRecord(p []byte, n *NodeInfo) error {
 	n.DCKey = binary.LittleEndian.Uint64(p[31:])
 	n.DirRKey = binary.LittleEndian.Uint32(p[39:])
 	n.DirLen = binary.LittleEndian.Uint32(p[43:])
+	n.MemRKey = binary.LittleEndian.Uint32(p[47:])
+	n.MemLen = binary.LittleEndian.Uint64(p[51:])
+	n.Transport = getTransport(p[59:75])
+	n.MemAccess = verbs.Access(p[75])
+	if n.MemAccess&^verbs.AccessAll != 0 {
+		return fmt.Errorf("%w: default region access %#x", ErrMalformed, p[75])
+	}
+	if !validTransport(n.Transport) || paddedTransport(n.Transport) != string(p[59:75]) {
+		return fmt.Errorf("%w: transport name %q", ErrMalformed, p[59:75])
+	}
 	return nil
+}
+
+// paddedTransport is the canonical NUL-padded encoding of t, for strict
+// parsing (one encoding per message).
+func paddedTransport(t string) string {
+	var b [MaxTransport]byte
+	copy(b[:], t)
+	return string(b[:])
 }

@@ -25,7 +25,10 @@ const (
 	DefaultMaxLease     = time.Minute
 	DefaultIdleTimeout  = 30 * time.Second
 	DefaultMaxConns     = 4096
-	DefaultRecvDepth    = 1024
+	// connQPTimeout is the ACK timeout of the server's side of a client
+	// connection: with DefaultQPRetryCnt retries, about a second.
+	connQPTimeout    = DefaultRPCTimeout / (DefaultQPRetryCnt + 1)
+	DefaultRecvDepth = 1024
 	// DefaultFirstAssignedGID is where assigned gids start, leaving the
 	// gids below to nodes that choose their own.
 	DefaultFirstAssignedGID = 1 << 20
@@ -394,8 +397,11 @@ func (s *Server) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
 	}
 	// Clients may only READ (the table), whatever the connection manager
 	// would grant by default; a dead client is given up on after a few
-	// RNR retries instead of forever. QPs keep these across RESET.
-	err = qp.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteRead, RNRRetry: 6})
+	// RNR retries instead of forever, and a slow one (a loaded machine
+	// stalls a process for tens of milliseconds) only after about a
+	// second without ACKs. QPs keep these across RESET.
+	err = qp.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteRead, RNRRetry: 6,
+		Timeout: connQPTimeout, RetryCnt: DefaultQPRetryCnt})
 	if err == nil {
 		err = qp.Modify(verbs.QPAttr{State: verbs.StateReset})
 	}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/krfs/krfs/fs"
@@ -349,6 +350,28 @@ func (c *vqpConn) Regions(ctx context.Context) ([]fs.Region, error) {
 		out[i] = region(r)
 	}
 	return out, nil
+}
+
+// FreshRegions and FreshRegion read the peer's directory again when the
+// cached copy is older than maxAge (fs uses them for listings and opens).
+func (c *vqpConn) FreshRegions(ctx context.Context, maxAge time.Duration) ([]fs.Region, error) {
+	rs, err := c.v.FreshRegions(ctx, maxAge)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fs.Region, len(rs))
+	for i, r := range rs {
+		out[i] = region(r)
+	}
+	return out, nil
+}
+
+func (c *vqpConn) FreshRegion(ctx context.Context, name string, maxAge time.Duration) (fs.Region, error) {
+	r, err := c.v.FreshRegion(ctx, name, maxAge)
+	if err != nil {
+		return fs.Region{}, err
+	}
+	return region(r), nil
 }
 
 func (c *vqpConn) ReadAt(ctx context.Context, name string, p []byte, off int64) (int, error) {

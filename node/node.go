@@ -152,6 +152,12 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if err := n.openStore(cfg.ShmDir, gid, cfg.MemSize); err != nil {
 		return nil, err
 	}
+	// Publish the default region's rkey and length in the meta entry:
+	// a peer's first READ of "mem" then needs no directory READ. Not
+	// fatal: without it peers read the directory first.
+	if err := n.agent.Update(ctx, n.core.Info()); err != nil {
+		n.log.Infof("publishing the default region in the meta entry: %v", err)
+	}
 	return n, nil
 }
 

@@ -79,6 +79,9 @@ func (r *readResolver) set(info meta.NodeInfo) {
 	binary.LittleEndian.PutUint64(e[22:], info.DCKey)
 	binary.LittleEndian.PutUint32(e[30:], info.DirRKey)
 	binary.LittleEndian.PutUint32(e[34:], info.DirLen)
+	binary.LittleEndian.PutUint32(e[38:], info.MemRKey)
+	binary.LittleEndian.PutUint64(e[42:], info.MemLen)
+	e[50] = byte(info.MemAccess)
 	r.metaDev.SyncMemory()
 }
 
@@ -112,7 +115,9 @@ func (r *readResolver) Lookup(ctx context.Context, gid uint32) (meta.NodeInfo, e
 	return meta.NodeInfo{GID: gid, Incarnation: binary.LittleEndian.Uint64(e[4:]),
 		Addr: netip.AddrPortFrom(netip.AddrFrom4(a), binary.LittleEndian.Uint16(e[16:])),
 		DCTN: binary.LittleEndian.Uint32(e[18:]), DCKey: binary.LittleEndian.Uint64(e[22:]),
-		DirRKey: binary.LittleEndian.Uint32(e[30:]), DirLen: binary.LittleEndian.Uint32(e[34:])}, nil
+		DirRKey: binary.LittleEndian.Uint32(e[30:]), DirLen: binary.LittleEndian.Uint32(e[34:]),
+		MemRKey: binary.LittleEndian.Uint32(e[38:]), MemLen: binary.LittleEndian.Uint64(e[42:]),
+		MemAccess: verbs.Access(e[50])}, nil
 }
 
 func (r *readResolver) Invalidate(uint32) {}
@@ -407,7 +412,7 @@ func rcBytesPerPeer(b *testing.B, k int) float64 {
 
 // BenchmarkQPCoreFullMesh240 builds a full mesh of 240 in-process nodes
 // on loopback, every node reaching every other: with VQPs (Connect to all
-// 239 peers; then one READ each, which also reads the peer's directory),
+// 239 peers; then one 8-byte READ of each peer's default region),
 // and the verbs way with one RC connection per pair (create QP +
 // handshake). Lookups go to an in-memory resolver (a meta READ each would
 // add about one READ per connect; see BenchmarkQPCoreConnect). One
@@ -428,7 +433,8 @@ func BenchmarkQPCoreFullMeshSweep(b *testing.B) {
 }
 
 // fullMesh: N in-process nodes; every node connects a VQP to every other
-// (DCT) and READs once through it, against an RC mesh (a QP and a CM
+// (DCT) and READs once through it (the default region, whose rkey comes
+// with the lookup: no directory READ), against an RC mesh (a QP and a CM
 // handshake per pair).
 func fullMesh(b *testing.B, N int) {
 	res := newResolver(clock.System{})
@@ -532,8 +538,9 @@ func fullMesh(b *testing.B, N int) {
 		dcRead += t2.Sub(t1)
 		rcConnect += t4.Sub(t3)
 	}
-	var retx, timeouts uint64
+	var retx, timeouts, dirReads uint64
 	for _, m := range ns {
+		dirReads += m.n.Stats().DirReads
 		retx += m.dev.Stats().Retransmits
 		for _, q := range m.dev.QPs() {
 			timeouts += q.Stats.Timeouts
@@ -541,6 +548,9 @@ func fullMesh(b *testing.B, N int) {
 	}
 	b.ReportMetric(float64(retx), "retransmits")
 	b.ReportMetric(float64(timeouts), "qp-timeouts")
+	// The first READ of a peer's "mem" needs no directory READ: the
+	// meta entry's hint carries its rkey and length.
+	b.ReportMetric(float64(dirReads)/float64(b.N), "dir-reads")
 	f := func(d time.Duration) float64 { return float64(d) / float64(b.N) / 1e6 }
 	b.ReportMetric(f(dcConnect), "dc-connect-ms")
 	b.ReportMetric(f(dcConnect+dcRead), "dc-connect+read-ms")

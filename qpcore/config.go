@@ -28,6 +28,8 @@ const (
 	DefaultTick         = 20 * time.Millisecond
 	DefaultMemCacheMax  = 1024
 	DefaultMemCacheSize = 32 << 20
+	// DefaultTransport is the transport of a node that names none.
+	DefaultTransport = "softnic/udp"
 )
 
 // Config configures a Node. Zero fields take the defaults above.
@@ -126,6 +128,12 @@ type Config struct {
 
 	// Tick is the housekeeping period (RC idle checks, passive QP reclaim).
 	Tick time.Duration
+
+	// Transport names the wire protocol this node's device speaks
+	// ("softnic/udp", "rdma/roce", "rdma/ib": the backend's), published in
+	// its meta entry; a peer of another transport is refused with
+	// ErrTransportMismatch. Empty is DefaultTransport.
+	Transport string
 
 	// Clock is the source of every time read, timer and timeout of the
 	// node (RC hot/idle windows, peer timeouts, message deadlines, RNR

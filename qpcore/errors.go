@@ -52,6 +52,9 @@ var (
 	// ErrRCPoolFull: an RC-only peer waited PeerTimeout for a slot of the
 	// RC pool (RCCap QPs, none idle to reclaim).
 	ErrRCPoolFull = newError("RC pool full: no RC QP idle to reclaim", syscall.EBUSY)
+	// ErrTransportMismatch: the peer speaks another wire protocol (a
+	// softnic node and an rdma node cannot reach each other).
+	ErrTransportMismatch = newError("peer on another transport", syscall.EPROTO)
 )
 
 // Errors of region export.

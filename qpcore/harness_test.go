@@ -30,6 +30,7 @@ type mapResolver struct {
 	invals  atomic.Int64
 	delay   time.Duration // added to every lookup, on clk
 	clk     clock.Clock
+	err     error // if set, every lookup fails with it (a meta service down)
 }
 
 func newResolver(clk clock.Clock) *mapResolver {
@@ -49,6 +50,9 @@ func (r *mapResolver) Lookup(ctx context.Context, gid uint32) (meta.NodeInfo, er
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.err != nil {
+		return meta.NodeInfo{}, r.err
+	}
 	info, ok := r.m[gid]
 	if !ok {
 		return meta.NodeInfo{}, fmt.Errorf("gid %d: %w", gid, meta.ErrNotFound)

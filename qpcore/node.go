@@ -159,7 +159,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 // Info is the metadata peers need to reach this node; register it with
 // the meta service.
 func (n *Node) Info() meta.NodeInfo {
-	return meta.NodeInfo{
+	info := meta.NodeInfo{
 		GID:         n.gid.Load(),
 		Incarnation: n.incarnation,
 		Addr:        n.dev.Addr(),
@@ -167,7 +167,14 @@ func (n *Node) Info() meta.NodeInfo {
 		DCKey:       n.target.Key(),
 		DirRKey:     n.dir.rkey,
 		DirLen:      uint32(len(n.dir.buf)),
+		Transport:   n.cfg.Transport,
 	}
+	// The default region's key rides in the entry: a peer's first
+	// operation on it needs no directory READ.
+	if e, ok := n.dir.lookup(DefaultRegion); ok {
+		info.MemRKey, info.MemLen, info.MemAccess = e.RKey, e.Len, e.Access
+	}
+	return info
 }
 
 // SetGID sets this node's gid (for example once the meta service assigned

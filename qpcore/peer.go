@@ -3,6 +3,7 @@ package qpcore
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -163,9 +164,11 @@ type peer struct {
 	down       bool      // declared down on evidence of death
 	probeAt    time.Time // while down: when the next operation may go as a probe
 
-	// Region directory cache.
+	// Region directory cache. dirHint: dir holds only the default
+	// region, from the meta entry's hint (no directory READ yet).
 	dir         map[string]Region
 	dirValid    bool
+	dirHint     bool
 	dirFetching bool
 	dirWait     chan struct{} // closed when the fetch in progress ends
 	dirErr      error
@@ -213,9 +216,11 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 	p.info = info
 	p.target = verbs.DCTarget{Addr: info.Addr, DCTN: info.DCTN, DCKey: info.DCKey}
 	p.rcOnly = p.n.cfg.NoDC || info.DCTN == 0
-	if old.Incarnation != info.Incarnation || old.DirRKey != info.DirRKey || old.DirLen != info.DirLen {
-		p.dirValid = false
+	if old.Incarnation != info.Incarnation || old.DirRKey != info.DirRKey || old.DirLen != info.DirLen ||
+		old.MemRKey != info.MemRKey || old.MemLen != info.MemLen {
+		p.dirValid, p.dirHint = false, false
 		p.dir = nil
+		p.seedHintLocked()
 	}
 }
 
@@ -277,8 +282,15 @@ func (n *Node) peerRef(ctx context.Context, gid uint32) (*peer, error) {
 	if err == nil && (info.GID != gid || !info.Addr.IsValid()) {
 		err = fmt.Errorf("qpcore: resolver returned unusable metadata %+v for gid %d", info, gid)
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+		err = n.reachable(info)
+	case errors.Is(err, meta.ErrNotFound):
 		err = fmt.Errorf("%w %d: %w", ErrNoPeer, gid, err)
+	default:
+		// The meta service did not answer: say so, with its errno
+		// (EHOSTDOWN, ETIMEDOUT), rather than "no such peer".
+		err = fmt.Errorf("qpcore: looking up gid %d: %w", gid, err)
 	}
 	p.mu.Lock()
 	p.lookupErr = err

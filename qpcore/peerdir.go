@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/clock"
+	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -14,14 +15,46 @@ import (
 // is READ once and cached; an unknown region name, a NAK for an invalid
 // rkey or a new incarnation invalidates it and the next lookup READs it
 // again (no more often than dirRefreshMin for unknown names).
+//
+// The default region. A peer's meta entry carries the rkey and length of
+// its default region (DefaultRegion, "mem"), so a new peer's directory
+// cache starts as a hint holding that region alone: the first operation
+// on it goes out right after the meta lookup, with no directory READ (a
+// cold peer in two round trips: the lookup and the data). Any other name,
+// a listing (VQP.Regions) or an rkey, bounds or access NAK replaces the
+// hint with the directory itself. A hint that went stale (the region was
+// exported again after the node registered) therefore costs one failed
+// operation, which the caller may retry (see RetryableStale).
+
+// DefaultRegion is the region a node exports by default, whose rkey and
+// length its meta entry carries.
+const DefaultRegion = "mem"
 
 // dirRefreshMin is how old a directory must be before an unknown region
 // name makes qpcore read it again.
 const dirRefreshMin = 5 * time.Millisecond
 
+// seedHintLocked starts an empty directory cache with the default region
+// from the meta entry, if the entry has one.
+func (p *peer) seedHintLocked() {
+	if p.dirValid || p.dirFetching || p.info.MemRKey == 0 || p.info.MemLen == 0 {
+		return
+	}
+	p.dir = map[string]Region{DefaultRegion: {Name: DefaultRegion, RKey: p.info.MemRKey,
+		Len: p.info.MemLen, Access: p.info.MemAccess}}
+	p.dirValid, p.dirHint, p.dirAt = true, true, p.n.clock.Now()
+}
+
 // regionLocked finds a region of p by name. It may release and retake
 // p.mu.
 func (n *Node) regionLocked(ctx context.Context, p *peer, name string) (Region, error) {
+	if p.dirHint && p.dirValid && name == DefaultRegion {
+		if err := n.usableLocked(p); err != nil {
+			return Region{}, err
+		}
+		n.stats.dirHints.Add(1)
+		return p.dir[name], nil
+	}
 	if err := n.ensureDirLocked(ctx, p); err != nil {
 		return Region{}, err
 	}
@@ -39,14 +72,15 @@ func (n *Node) regionLocked(ctx context.Context, p *peer, name string) (Region, 
 	return r, nil
 }
 
-// ensureDirLocked makes sure p's directory is cached, reading it if
-// needed. It releases p.mu while waiting and returns with it held.
+// ensureDirLocked makes sure p's directory is cached (the directory
+// itself, not a hint), reading it if needed. It releases p.mu while
+// waiting and returns with it held.
 func (n *Node) ensureDirLocked(ctx context.Context, p *peer) error {
 	for tries := 0; ; tries++ {
 		if err := n.usableLocked(p); err != nil {
 			return err
 		}
-		if p.dirValid {
+		if p.dirValid && !p.dirHint {
 			return nil
 		}
 		if tries > 0 && p.dirErr != nil && !p.dirFetching {
@@ -73,10 +107,56 @@ func (n *Node) ensureDirLocked(ctx context.Context, p *peer) error {
 	}
 }
 
+// FreshRegions lists the peer's exported regions from a directory READ no
+// older than maxAge (a file system's directory listing: regions created
+// or removed on the peer show within maxAge).
+func (v *VQP) FreshRegions(ctx context.Context, maxAge time.Duration) ([]Region, error) {
+	p := v.p
+	p.mu.Lock()
+	if p.dirValid && !p.dirFetching && clock.Since(v.n.clock, p.dirAt) > maxAge {
+		p.dirValid, p.dirHint = false, false
+	}
+	p.mu.Unlock()
+	return v.Regions(ctx)
+}
+
+// FreshRegion is Region from a directory READ no older than maxAge: a
+// name the cache does not know, or a size the caller must trust (a
+// file's open), is looked up in a recent copy.
+func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error) {
+	p := v.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if (p.dirHint || clock.Since(v.n.clock, p.dirAt) > maxAge) && p.dirValid && !p.dirFetching {
+		p.dirValid, p.dirHint = false, false
+	}
+	if err := v.n.ensureDirLocked(ctx, p); err != nil {
+		return Region{}, err
+	}
+	r, ok := p.dir[name]
+	if !ok {
+		return Region{}, fmt.Errorf("%w: %q on gid %d", ErrNoRegion, name, p.gid)
+	}
+	return r, nil
+}
+
+// RetryableStale reports whether err is a data operation's failure that
+// a fresh look at the peer's directory may cure: the region's rkey was
+// refused (it was exported again), the range fell outside it (it shrank
+// or grew) or the region is gone from the cached copy. The directory is
+// already invalidated then; a caller retries once.
+func RetryableStale(err error) bool {
+	var re *RemoteError
+	if errors.As(err, &re) {
+		return re.Reason == verbs.ReasonRKey || re.Reason == verbs.ReasonBounds
+	}
+	return errors.Is(err, ErrRemoteBounds) || errors.Is(err, ErrNoRegion)
+}
+
 // fetchDirLocked starts reading p's directory with one READ, unless a
 // read is in progress or the directory is valid.
 func (n *Node) fetchDirLocked(p *peer) {
-	if p.dirFetching || p.dirValid {
+	if p.dirFetching || (p.dirValid && !p.dirHint) {
 		return
 	}
 	if p.dirWait == nil {
@@ -142,9 +222,9 @@ func (n *Node) dirFetched(o *op) {
 func (n *Node) dirDoneLocked(p *peer, regions map[string]Region, err error) {
 	if err != nil {
 		p.dirErr = err
-		p.dirValid = false
+		p.dirValid, p.dirHint = false, false
 	} else {
-		p.dir, p.dirValid, p.dirAt, p.dirErr = regions, true, n.clock.Now(), nil
+		p.dir, p.dirValid, p.dirHint, p.dirAt, p.dirErr = regions, true, false, n.clock.Now(), nil
 	}
 	if p.dirWait != nil {
 		close(p.dirWait)
@@ -155,5 +235,23 @@ func (n *Node) dirDoneLocked(p *peer, regions map[string]Region, err error) {
 // invalidateDirLocked makes the next user operation read the directory
 // again (after a NAK that says the cached one is wrong).
 func (n *Node) invalidateDirLocked(p *peer) {
-	p.dirValid = false
+	p.dirValid, p.dirHint = false, false
+}
+
+// reachable checks that this node can reach a peer of info's transport
+// (an empty transport is softnic/udp, the transport of nodes that
+// predate the field).
+func (n *Node) reachable(info meta.NodeInfo) error {
+	mine, theirs := n.cfg.Transport, info.Transport
+	if mine == "" {
+		mine = DefaultTransport
+	}
+	if theirs == "" {
+		theirs = DefaultTransport
+	}
+	if mine != theirs {
+		return fmt.Errorf("%w: gid %d speaks %s and this node %s (run both on the same backend)",
+			ErrTransportMismatch, info.GID, theirs, mine)
+	}
+	return nil
 }

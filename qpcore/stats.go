@@ -27,7 +27,7 @@ type counters struct {
 	rcFallbacks, rcErrors, rcAccepted, rcReclaimed     atomic.Uint64
 	rcSlotWaits                                        atomic.Uint64
 
-	dirReads, dirTorn atomic.Uint64
+	dirReads, dirTorn, dirHints atomic.Uint64
 
 	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed atomic.Uint64
 	msgSmallBytes, msgSmallCopied, msgLargeBytes              atomic.Uint64
@@ -102,8 +102,9 @@ type Stats struct {
 	// pool full with no idle QP to reclaim and waited for a slot.
 	RCSlotWaits uint64
 
-	// Region directory READs, and torn reads repeated.
-	DirReads, DirTorn uint64
+	// Region directory READs, torn reads repeated, and pre-checks of the
+	// default region answered by the meta entry's hint (no directory READ).
+	DirReads, DirTorn, DirHints uint64
 
 	// Messages sent and received, by rendezvous, dropped (no port),
 	// malformed; payload bytes delivered and bytes copied by qpcore on
@@ -144,7 +145,7 @@ func (n *Node) Stats() Stats {
 		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(), RCSlotWaits: c.rcSlotWaits.Load(),
 		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
 		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
-		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(),
+		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(), DirHints: c.dirHints.Load(),
 		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
 		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
 		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
