@@ -36,6 +36,7 @@ func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc
 // root is the mount's root directory.
 type root struct {
 	gofs.Inode
+	readOnlyDir
 	m *mount
 }
 
@@ -60,6 +61,7 @@ func (r *root) OnAdd(ctx context.Context) {
 // peersDir lists the live nodes of the cluster.
 type peersDir struct {
 	gofs.Inode
+	readOnlyDir
 	m *mount
 }
 
@@ -98,6 +100,7 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // peerDir is peers/<gid>/: mem, mr/, ports/, info.
 type peerDir struct {
 	gofs.Inode
+	readOnlyDir
 	m   *mount
 	gid uint32
 }
@@ -123,6 +126,7 @@ func (d *peerDir) OnAdd(ctx context.Context) {
 // peerMRDir lists a peer's exported regions.
 type peerMRDir struct {
 	gofs.Inode
+	readOnlyDir
 	m   *mount
 	gid uint32
 }
@@ -346,6 +350,7 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 // message to that port on the peer.
 type peerPortsDir struct {
 	gofs.Inode
+	readOnlyDir
 	m   *mount
 	gid uint32
 }

@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -59,6 +60,12 @@ type Config struct {
 	// StartTimeout bounds the wait for the meta service; 0 is
 	// DefaultStartTimeout.
 	StartTimeout time.Duration
+	// MaxRegionSize bounds one region (a create, truncate or write past
+	// it fails with EFBIG); 0 is shm.MaxSize. The limit on the number of
+	// regions is QPCore.MaxRegions (its region directory's capacity,
+	// qpcore.DefaultMaxRegions by default): one region more fails with
+	// ENOSPC and a log line, and leaves nothing behind.
+	MaxRegionSize int64
 }
 
 // Node is a running node.
@@ -71,6 +78,13 @@ type Node struct {
 	srv      *meta.Server
 	metaDesc string
 	log      logrus.FieldLogger
+
+	// regionMu serializes creating, resizing and removing regions, and is
+	// read-held while local I/O touches a region's mapping, which a
+	// resize replaces.
+	regionMu      sync.RWMutex
+	maxRegions    int
+	maxRegionSize int64
 }
 
 // ParseMeta parses a --meta list, HOST:PORT[,HOST:PORT...]; empty entries
@@ -99,7 +113,13 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
 	}
-	n := &Node{dev: cfg.Device, log: log}
+	n := &Node{dev: cfg.Device, log: log, maxRegions: cfg.QPCore.MaxRegions, maxRegionSize: cfg.MaxRegionSize}
+	if n.maxRegions <= 0 {
+		n.maxRegions = qpcore.DefaultMaxRegions
+	}
+	if n.maxRegionSize <= 0 || n.maxRegionSize > shm.MaxSize {
+		n.maxRegionSize = shm.MaxSize
+	}
 	defer func() {
 		if err != nil {
 			n.Close()

@@ -104,6 +104,18 @@ func (s *Store) Names() ([]string, error) {
 	return out, nil
 }
 
+// Mapped lists the regions the store has mapped, sorted.
+func (s *Store) Mapped() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.regions))
+	for n := range s.regions {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Path is the file behind a region, for local programs to mmap.
 func (s *Store) Path(name string) string { return filepath.Join(s.dir, name) }
 
