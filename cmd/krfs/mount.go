@@ -175,12 +175,14 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	select {
 	case s := <-sigs:
 		log.Infof("%v: unmounting %s", s, mnt)
+		if err := srv.Unmount(); err != nil {
+			log.Warnf("unmount %s: %v; detaching it", mnt, err)
+			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		}
 	case <-served:
+		// umount(8) already took the mount away: unmounting again would
+		// fail with EINVAL (after go-fuse's retries) and log a warning.
 		log.Infof("%s was unmounted", mnt)
-	}
-	if err := srv.Unmount(); err != nil {
-		log.Warnf("unmount %s: %v; detaching it", mnt, err)
-		_ = unix.Unmount(mnt, unix.MNT_DETACH)
 	}
 	return nil
 }
