@@ -16,13 +16,7 @@ import (
 // at once, and peers (peers/<self>/mr/) see the new size.
 func TestLocalRegionFilesBehaveLikeFiles(t *testing.T) {
 	f := newFake(1)
-	requireFUSE(t)
-	dir := t.TempDir()
-	srv, err := fs.Mount(dir, f, fs.Options{Timeout: time.Second, MaxRegionSize: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Unmount() })
+	dir := mountFakeWith(t, f, fs.Options{Timeout: time.Second, MaxRegionSize: 1 << 20})
 
 	r1 := filepath.Join(dir, "regions/r1")
 	if err := os.WriteFile(r1, make([]byte, 4096), 0o644); err != nil {
@@ -138,4 +132,21 @@ func TestPeersIsReadOnly(t *testing.T) {
 	if b, err := os.ReadFile(p("peers/2/mem")); err != nil || len(b) != 4096 {
 		t.Fatalf("read peers/2/mem: %d, %v", len(b), err)
 	}
+}
+
+// mountFakeWith mounts b with options o until the test ends.
+func mountFakeWith(t *testing.T, b fs.Backend, o fs.Options) string {
+	t.Helper()
+	requireFUSE(t)
+	dir := t.TempDir()
+	srv, err := fs.Mount(dir, b, o)
+	if err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	return dir
 }
