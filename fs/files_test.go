@@ -150,3 +150,34 @@ func mountFakeWith(t *testing.T, b fs.Backend, o fs.Options) string {
 	})
 	return dir
 }
+
+// A port opened with O_NONBLOCK gives EAGAIN when no message is queued,
+// and the message once one is; a send to an unbound port is refused.
+func TestPortNonBlockingRead(t *testing.T) {
+	f := newFake(1)
+	dir := mountFake(t, f)
+	port := filepath.Join(dir, "ports/9")
+	pf, err := os.Create(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Close()
+	fd, err := syscall.Open(port, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	buf := make([]byte, 64)
+	if _, err := syscall.Read(fd, buf); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("non-blocking read of an empty port: %v, want EAGAIN", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "peers/1/ports/9"), []byte("ping"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := syscall.Read(fd, buf); err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("non-blocking read after a send: %q %v", buf[:max(n, 0)], err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "peers/1/ports/10"), []byte("x"), 0); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("send to an unbound port: %v, want ECONNREFUSED", err)
+	}
+}

@@ -369,18 +369,30 @@ func (f *localPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fu
 	return 0
 }
 
+// portHandle is an open ports/<port>: whether it was opened O_NONBLOCK.
+type portHandle struct{ nonblock bool }
+
 func (f *localPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
-	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+	// FOPEN_NONSEEKABLE: a port is a stream, offsets mean nothing.
+	return &portHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE, 0
 }
 
 // Read returns exactly one message (offsets are ignored: a port is a
 // stream of messages). It blocks until one arrives; a signal to the reader
-// interrupts the wait.
+// interrupts the wait. A descriptor opened with O_NONBLOCK gets EAGAIN
+// when no message is queued (FUSE does not pass a later fcntl(F_SETFL)
+// to the filesystem: the flag counts at open).
 func (f *localPortFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := f.port.Recv(ctx, dest)
+	var n int
+	var err error
+	if h, ok := fh.(*portHandle); ok && h.nonblock {
+		n, err = f.port.TryRecv(ctx, dest)
+	} else {
+		n, err = f.port.Recv(ctx, dest)
+	}
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			return nil, syscall.EINTR

@@ -437,4 +437,9 @@ func (a *portAdapter) Recv(ctx context.Context, buf []byte) (int, error) {
 	return m.Len, err
 }
 
+func (a *portAdapter) TryRecv(ctx context.Context, buf []byte) (int, error) {
+	m, err := a.p.TryRecv(ctx, buf)
+	return m.Len, err
+}
+
 func (a *portAdapter) Close() error { return a.p.Close() }

@@ -2,6 +2,7 @@ package qpcore
 
 import (
 	"context"
+	"errors"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -255,8 +256,20 @@ func (pt *Port) wake() {
 
 // Recv waits for the next message and places it in dst. A message longer
 // than dst is not consumed: Recv returns ErrShortBuffer with its length in
-// Message.Len. Large messages are READ straight into dst.
+// Message.Len. Large messages are READ straight into dst; one whose sender
+// gave up waiting (its buffer is gone) is dropped, counted in MsgDropped,
+// and Recv goes on with the next.
 func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
+	return pt.recv(ctx, dst, true)
+}
+
+// TryRecv is Recv that does not wait: with no message queued it fails at
+// once with ErrWouldBlock (EAGAIN), as a non-blocking read does.
+func (pt *Port) TryRecv(ctx context.Context, dst []byte) (Message, error) {
+	return pt.recv(ctx, dst, false)
+}
+
+func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, error) {
 	n := pt.n
 	for {
 		pt.mu.Lock()
@@ -282,6 +295,13 @@ func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
 				return Message{From: im.from, Len: im.n}, nil
 			}
 			err := n.pull(ctx, &im, dst[:im.n])
+			if withdrawn(err) {
+				// The sender timed out and deregistered its buffer:
+				// that message is lost to it (its Send failed), not to
+				// the messages behind it.
+				n.stats.msgDropped.Add(1)
+				continue
+			}
 			return Message{From: im.from, Len: im.n, ZeroCopy: true}, err
 		}
 		if pt.closed {
@@ -289,6 +309,9 @@ func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
 			return Message{}, ErrClosed
 		}
 		pt.mu.Unlock()
+		if !block {
+			return Message{}, ErrWouldBlock
+		}
 		select {
 		case <-pt.notify:
 		case <-ctx.Done():
@@ -514,6 +537,14 @@ func (n *Node) pull(ctx context.Context, im *inMsg, dst []byte) error {
 		n.stats.msgFINErrors.Add(1)
 	}
 	return o.err
+}
+
+// withdrawn reports whether a pull failed because the sender's buffer was
+// no longer registered (it gave up waiting): the READ met an access error
+// at the sender.
+func withdrawn(err error) bool {
+	var re *RemoteError
+	return errors.As(err, &re) && re.Status == verbs.StatusRemAccessErr && re.Reason == verbs.ReasonRKey
 }
 
 // sendFIN tells a rendezvous sender the outcome (goroutine).
