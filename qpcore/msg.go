@@ -2,8 +2,8 @@ package qpcore
 
 import (
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
