@@ -25,6 +25,7 @@ const (
 	DefaultSendBuffers  = 16
 	DefaultMsgThreshold = 64 << 10
 	DefaultMsgTimeout   = 10 * time.Second
+	DefaultPortDepth    = 16
 	DefaultTick         = 20 * time.Millisecond
 	DefaultMemCacheMax  = 1024
 )
@@ -99,6 +100,11 @@ type Config struct {
 	SendBuffers  int
 	MsgThreshold int
 	MsgTimeout   time.Duration
+	// PortDepth bounds the messages queued on one port; a message to a
+	// full port is refused and its sender retries (see msg.go). Keep it
+	// below RecvBuffers, so that one full port leaves receive buffers to
+	// the others.
+	PortDepth int
 
 	// MemCacheMax bounds the cache of automatic registrations of caller
 	// buffers (see Node.Register).
@@ -142,6 +148,7 @@ func (c *Config) setDefaults() {
 	def(&c.SendBuffers, DefaultSendBuffers)
 	def(&c.MsgThreshold, DefaultMsgThreshold)
 	defd(&c.MsgTimeout, DefaultMsgTimeout)
+	def(&c.PortDepth, DefaultPortDepth)
 	def(&c.MemCacheMax, DefaultMemCacheMax)
 	defd(&c.Tick, DefaultTick)
 	c.Clock = clock.OrSystem(c.Clock)

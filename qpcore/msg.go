@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
@@ -31,6 +32,18 @@ import (
 // DCI retries, then qpcore retries after a backoff until MsgTimeout.
 // Messages from one sender to one port arrive in order.
 //
+// Ports and backpressure. Each port queues at most PortDepth messages;
+// a small message waits in its receive buffer until read, so PortDepth
+// (below RecvBuffers) is also what one slow reader can hold of the shared
+// receive buffers: a full port never stops messages to the others. The
+// receiver answers every small message and every RTS with a verdict (a
+// FIN carrying the sender's token): queued, no such port, or port full.
+// Send returns when the message is queued (small) or pulled (large);
+// to an unbound port it fails with ErrNoPort; on a full port it retries
+// after a growing back-off until ctx ends, then fails with ErrPortFull
+// (EAGAIN). A rendezvous whose sender gave up (timed out and
+// deregistered its buffer) is skipped by the reader, counted as dropped.
+//
 // Header (40 bytes, little endian): magic u16, kind u8, status u8, port
 // u32, source gid u32, rkey u32, length u64, token u64, incarnation u64.
 
@@ -42,9 +55,13 @@ const (
 	msgRTS  = 2
 	msgFIN  = 3
 
+	// FIN statuses: the outcome of a rendezvous (finOK, finNoPort,
+	// finFailed), or a receiver's verdict on a message that asked for
+	// one (finOK: queued; finNoPort; finFull: the port's queue is full).
 	finOK     = 0
 	finNoPort = 1
 	finFailed = 2
+	finFull   = 3
 )
 
 type msgHdr struct {
@@ -345,6 +362,13 @@ func (pt *Port) Close() error {
 	return nil
 }
 
+// Queued is the number of messages waiting on the port.
+func (pt *Port) Queued() int {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return len(pt.q)
+}
+
 func (n *Node) dropMsg(im *inMsg) {
 	n.stats.msgDropped.Add(1)
 	if im.kind == msgData {
@@ -409,24 +433,39 @@ func (n *Node) onRecv(wc *verbs.WC) {
 	m.mu.Lock()
 	pt := m.ports[h.port]
 	m.mu.Unlock()
+	verdict := uint8(finNoPort)
 	if pt != nil {
 		pt.mu.Lock()
-		if !pt.closed {
+		switch {
+		case pt.closed:
+		case len(pt.q) >= n.cfg.PortDepth:
+			verdict = finFull
+		default:
 			pt.q = append(pt.q, im)
 			pt.mu.Unlock()
 			pt.wake()
+			if h.kind == msgData && h.token != 0 {
+				n.goSafe(func() { n.sendFIN(h.src, h.token, finOK) })
+			}
 			return
 		}
 		pt.mu.Unlock()
 	}
-	n.dropMsg(&im)
+	// Refused: the sender learns why (a sender that asked for no verdict,
+	// token 0, sees its message dropped).
+	n.stats.msgRefused.Add(1)
+	if h.kind == msgData {
+		m.repost(im.buf)
+	}
+	if h.token != 0 {
+		n.goSafe(func() { n.sendFIN(h.src, h.token, verdict) })
+	}
 }
 
-// Send sends msg to port on peer gid and returns once it was delivered
-// (small: the receiver's NIC acknowledged it; large: the receiver pulled
-// it). It fails with ErrNoPort if the port is not bound when a large
-// message arrives; small messages to unbound ports are dropped by the
-// receiver.
+// Send sends msg to port on peer gid and returns once it is queued on
+// the port (small) or pulled by the reader (large). It fails with
+// ErrNoPort if the port is not bound, and with ErrPortFull if the port's
+// queue stayed full until ctx ended (it retries meanwhile).
 func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) error {
 	p, err := n.peerRef(ctx, gid)
 	if err != nil {
@@ -434,20 +473,17 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 	}
 	defer n.unref(p)
 	h := msgHdr{port: port, src: n.gid.Load(), length: uint64(len(msg)), inc: n.incarnation}
+	var mr verbs.MR
 	if len(msg) < n.cfg.MsgThreshold {
 		h.kind = msgData
-		if err := n.sendSmall(ctx, p, &h, msg); err != nil {
-			return err
+	} else {
+		if mr, err = n.pd.RegMR(msg, verbs.AccessRemoteRead); err != nil {
+			return fmt.Errorf("qpcore: exposing a message: %w", err)
 		}
-		n.stats.msgSent.Add(1)
-		return nil
+		defer mr.Dereg()
+		h.kind, h.rkey = msgRTS, mr.RKey()
 	}
-	mr, err := n.pd.RegMR(msg, verbs.AccessRemoteRead)
-	if err != nil {
-		return fmt.Errorf("qpcore: exposing a message: %w", err)
-	}
-	defer mr.Dereg()
-	ch := make(chan uint8, 1)
+	ch := make(chan uint8, 2)
 	n.msg.mu.Lock()
 	n.msg.token++
 	tok := n.msg.token
@@ -458,28 +494,62 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 		delete(n.msg.rdv, tok)
 		n.msg.mu.Unlock()
 	}()
-	h.kind, h.rkey, h.token = msgRTS, mr.RKey(), tok
-	if err := n.sendSmall(ctx, p, &h, nil); err != nil {
-		return err
+	h.token = tok
+	if h.src == 0 && h.kind == msgData {
+		// A node outside the meta service (a benchmark client) cannot be
+		// answered: its message is sent as is, without a verdict.
+		h.token = 0
+		if err := n.sendSmall(ctx, p, &h, msg); err != nil {
+			return err
+		}
+		n.stats.msgSent.Add(1)
+		return nil
 	}
-	timeout, stop := clock.After(n.clock, n.cfg.MsgTimeout)
-	defer stop()
-	select {
-	case st := <-ch:
+	backoff := time.Millisecond
+	for {
+		payload := msg
+		if h.kind == msgRTS {
+			payload = nil
+		}
+		if err := n.sendSmall(ctx, p, &h, payload); err != nil {
+			return err
+		}
+		timeout, stop := clock.After(n.clock, n.cfg.MsgTimeout)
+		var st uint8
+		select {
+		case st = <-ch:
+			stop()
+		case <-ctx.Done():
+			stop()
+			return ctx.Err()
+		case <-timeout:
+			if h.kind == msgData {
+				return fmt.Errorf("%w: no answer from the receiver within %v", ErrTimeout, n.cfg.MsgTimeout)
+			}
+			return fmt.Errorf("%w: receiver did not pull the message within %v", ErrTimeout, n.cfg.MsgTimeout)
+		}
 		switch st {
 		case finOK:
 			n.stats.msgSent.Add(1)
-			n.stats.msgRendezvous.Add(1)
+			if h.kind == msgRTS {
+				n.stats.msgRendezvous.Add(1)
+			}
 			return nil
 		case finNoPort:
 			return fmt.Errorf("%w: %d on gid %d", ErrNoPort, port, gid)
+		case finFull:
+			n.stats.msgFullRetries.Add(1)
+			wait, stop := clock.After(n.clock, backoff)
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				stop()
+				return fmt.Errorf("%w: port %d on gid %d (%d queued) until %v", ErrPortFull, port, gid, n.cfg.PortDepth, context.Cause(ctx))
+			}
+			backoff = min(2*backoff, 50*time.Millisecond)
 		default:
 			return fmt.Errorf("%w: the receiver could not pull the message", ErrRemote)
 		}
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timeout:
-		return fmt.Errorf("%w: receiver did not pull the message within %v", ErrTimeout, n.cfg.MsgTimeout)
 	}
 }
 

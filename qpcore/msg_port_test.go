@@ -2,6 +2,8 @@ package qpcore_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"errors"
 	"syscall"
 	"testing"
@@ -77,4 +79,80 @@ func TestWithdrawnRendezvousDoesNotPoisonThePort(t *testing.T) {
 	if got := a.n.Stats().MsgDropped; got != dropped+1 {
 		t.Fatalf("MsgDropped %d -> %d, want one more", dropped, got)
 	}
+}
+
+// Backpressure is per port: a port whose queue is full refuses further
+// messages (the sender retries until its context ends, then gets
+// ErrPortFull, EAGAIN) while messages to another port of the same node
+// go through; a small message to an unbound port fails with ErrNoPort.
+func TestFullPortDoesNotBlockOtherPorts(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{PortDepth: 2, RecvBuffers: 8})
+	b := c.add(2, 0, qpcore.Config{})
+	ctx := ctxT(t, 20*time.Second)
+	full, err := a.n.Bind(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	other, err := a.n.Bind(6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for i := range 2 {
+		if err := b.n.Send(ctx, 1, 5, []byte{byte(i)}); err != nil {
+			t.Fatalf("message %d to port 5: %v", i, err)
+		}
+	}
+	// The third waits for room until its deadline (clock time).
+	sctx, cancel := context.WithCancel(ctx)
+	took, err := c.drive(5*time.Millisecond, time.Minute, func() error {
+		errc := make(chan error, 1)
+		go func() { errc <- b.n.Send(sctx, 1, 5, []byte{2}) }()
+		// Meanwhile port 6 takes many more messages than port 5's depth,
+		// more than there are receive buffers.
+		for i := range 20 {
+			if err := b.n.Send(ctx, 1, 6, []byte{byte(i)}); err != nil {
+				cancel()
+				<-errc
+				return fmt.Errorf("message %d to port 6 while port 5 is full: %w", i, err)
+			}
+			m, err := other.Recv(ctx, make([]byte, 8))
+			if err != nil || m.Len != 1 {
+				cancel()
+				<-errc
+				return fmt.Errorf("recv port 6: %+v %v", m, err)
+			}
+		}
+		if b.n.Stats().MsgFullRetries == 0 {
+			// Not yet refused once: let the clock run until it was.
+			for b.n.Stats().MsgFullRetries == 0 {
+				settle()
+			}
+		}
+		cancel()
+		return <-errc
+	})
+	if !errors.Is(err, qpcore.ErrPortFull) || !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("send to a full port: %v after %v, want ErrPortFull", err, took)
+	}
+	if a.n.Stats().MsgRefused == 0 {
+		t.Fatal("the receiver refused nothing")
+	}
+	if q := full.Queued(); q != 2 {
+		t.Fatalf("port 5 holds %d messages, want its depth 2", q)
+	}
+	// Reading makes room again.
+	if _, err := full.Recv(ctx, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.n.Send(ctx, 1, 5, []byte{3}); err != nil {
+		t.Fatalf("send after the reader made room: %v", err)
+	}
+	if err := b.n.Send(ctx, 1, 99, []byte("lost?")); !errors.Is(err, qpcore.ErrNoPort) {
+		t.Fatalf("small send to an unbound port: %v, want ErrNoPort", err)
+	}
+	noQPErrors(t, a.n, b.n)
 }

@@ -30,6 +30,7 @@ type counters struct {
 	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed atomic.Uint64
 	msgSmallBytes, msgSmallCopied, msgLargeBytes              atomic.Uint64
 	msgFINErrors, msgRepostErrors                             atomic.Uint64
+	msgRefused, msgFullRetries                                atomic.Uint64
 }
 
 // reject counts a pre-check refusal.
@@ -100,6 +101,10 @@ type Stats struct {
 	// each path (small: sender bounce + receiver copy; large: none).
 	MsgSent, MsgRecv, MsgRendezvous, MsgDropped, MsgMalformed    uint64
 	MsgSmallBytes, MsgSmallCopied, MsgLargeBytes, MsgLargeCopied uint64
+	// MsgRefused counts messages this node refused (no such port, or the
+	// port's queue full); MsgFullRetries the sends this node repeated
+	// because the peer's port was full.
+	MsgRefused, MsgFullRetries uint64
 
 	// Local buffer registrations: cache hits, misses, evictions.
 	MemHits, MemMisses, MemEvictions uint64
@@ -132,6 +137,7 @@ func (n *Node) Stats() Stats {
 		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
 		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
 		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
+		MsgRefused: c.msgRefused.Load(), MsgFullRetries: c.msgFullRetries.Load(),
 	}
 	s.VQPsOpen = int(c.vqpsOpen.Load())
 	n.mu.Lock()
