@@ -3,8 +3,8 @@ package qpcore_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
