@@ -62,6 +62,8 @@
 // with EAGAIN, without holding up other ports; a write to an unbound port
 // fails with ENOENT. A read blocks for the next message, or, on a
 // descriptor opened O_NONBLOCK, fails with EAGAIN when none is queued.
+// A large message nobody reads yet is staged by the receiving daemon,
+// so the write returns without waiting for a reader.
 // poll and select cannot wait for a message: go-fuse v2.12.1 answers
 // FUSE_POLL with ENOSYS, so the kernel reports port files always ready.
 // Tree walkers must skip ports/ (a read waits for, and consumes, a

@@ -26,6 +26,8 @@ const (
 	DefaultMsgThreshold = 64 << 10
 	DefaultMsgTimeout   = 10 * time.Second
 	DefaultPortDepth    = 16
+	DefaultStageAfter   = 5 * time.Millisecond
+	DefaultStageMax     = 64 << 20
 	DefaultTick         = 20 * time.Millisecond
 	DefaultMemCacheMax  = 1024
 )
@@ -105,6 +107,14 @@ type Config struct {
 	// below RecvBuffers, so that one full port leaves receive buffers to
 	// the others.
 	PortDepth int
+	// A large (rendezvous) message that no reader took within
+	// MsgStageAfter is pulled into the receiver's own memory, so that its
+	// sender's Send completes without waiting for the reader; the reader
+	// then gets a copy (counted) instead of a zero-copy READ. At most
+	// MsgStageMax bytes are staged at once; beyond, senders wait for
+	// their readers as before.
+	MsgStageAfter time.Duration
+	MsgStageMax   int
 
 	// MemCacheMax bounds the cache of automatic registrations of caller
 	// buffers (see Node.Register).
@@ -149,6 +159,8 @@ func (c *Config) setDefaults() {
 	def(&c.MsgThreshold, DefaultMsgThreshold)
 	defd(&c.MsgTimeout, DefaultMsgTimeout)
 	def(&c.PortDepth, DefaultPortDepth)
+	defd(&c.MsgStageAfter, DefaultStageAfter)
+	def(&c.MsgStageMax, DefaultStageMax)
 	def(&c.MemCacheMax, DefaultMemCacheMax)
 	defd(&c.Tick, DefaultTick)
 	c.Clock = clock.OrSystem(c.Clock)

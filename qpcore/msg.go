@@ -27,6 +27,10 @@ import (
 //     SENDs only a header (RTS: length, rkey, token); Recv READs the
 //     message straight into the caller's buffer and SENDs a FIN back; the
 //     sender then deregisters the MR and returns. No copy by krfs.
+//     If no reader took an announced message within MsgStageAfter, the
+//     receiver pulls it into memory of its own (at most MsgStageMax bytes
+//     staged at once) so that the sender returns; the reader then gets a
+//     copy, counted in MsgLargeCopied.
 //
 // A receiver that posted no buffer answers with RNR NAKs; the sender's
 // DCI retries, then qpcore retries after a backoff until MsgTimeout.
@@ -109,6 +113,7 @@ type msgState struct {
 	bounce  chan *bounceBuf
 
 	mu      sync.Mutex // guards the fields below
+	staged  int64      // bytes of staged messages (at most MsgStageMax)
 	ports   map[uint32]*Port
 	rdv     map[uint64]chan uint8 // rendezvous sends waiting for their FIN
 	token   uint64
@@ -219,6 +224,17 @@ type inMsg struct {
 	buf   int
 	rkey  uint32
 	token uint64
+	st    *stage // a large message pulled ahead of its reader
+}
+
+// stage is a large message that no reader took within MsgStageAfter: the
+// receiver pulls it into memory of its own, so that the sender's write
+// completes, and the reader later copies it out (a copy counted in
+// MsgLargeCopied: zero-copy holds only for a reader that is waiting).
+type stage struct {
+	done chan struct{} // closed when the pull ended
+	data []byte
+	err  error
 }
 
 // Port is a bound receive port.
@@ -302,6 +318,26 @@ func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, erro
 			if more {
 				pt.wake()
 			}
+			if im.st != nil {
+				select {
+				case <-im.st.done:
+				case <-ctx.Done():
+					pt.mu.Lock()
+					pt.q = append([]inMsg{im}, pt.q...) // still the next message
+					pt.mu.Unlock()
+					pt.wake()
+					return Message{}, ctx.Err()
+				}
+				if im.st.err != nil {
+					n.unstage(im.st)
+					n.stats.msgDropped.Add(1)
+					continue
+				}
+				copy(dst, im.st.data)
+				n.unstage(im.st)
+				n.stats.msgLargeCopied.Add(uint64(im.n))
+				return Message{From: im.from, Len: im.n}, nil
+			}
 			if im.kind == msgData {
 				off := im.buf*n.msg.bufSize + msgHdrLen
 				copy(dst, n.msg.rbuf[off:off+im.n])
@@ -375,6 +411,11 @@ func (n *Node) dropMsg(im *inMsg) {
 		n.msg.repost(im.buf)
 		return
 	}
+	if st := im.st; st != nil {
+		// The sender already has its FIN (from the staging pull).
+		n.goSafe(func() { <-st.done; n.unstage(st) })
+		return
+	}
 	from, token := im.from, im.token
 	n.goSafe(func() { n.sendFIN(from, token, finNoPort) })
 }
@@ -446,6 +487,10 @@ func (n *Node) onRecv(wc *verbs.WC) {
 			pt.wake()
 			if h.kind == msgData && h.token != 0 {
 				n.goSafe(func() { n.sendFIN(h.src, h.token, finOK) })
+			}
+			if h.kind == msgRTS {
+				from, tok := h.src, h.token
+				n.clock.AfterFunc(n.cfg.MsgStageAfter, func() { n.stageUnread(pt, from, tok) })
 			}
 			return
 		}
@@ -607,6 +652,59 @@ func (n *Node) pull(ctx context.Context, im *inMsg, dst []byte) error {
 		n.stats.msgFINErrors.Add(1)
 	}
 	return o.err
+}
+
+// stageUnread pulls a large message that is still queued (no reader took
+// it in MsgStageAfter) into the receiver's own memory, if the staging
+// budget MsgStageMax allows; the sender's Send then completes.
+func (n *Node) stageUnread(pt *Port, from uint32, token uint64) {
+	pt.mu.Lock()
+	i := -1
+	for k := range pt.q {
+		if pt.q[k].kind == msgRTS && pt.q[k].from == from && pt.q[k].token == token && pt.q[k].st == nil {
+			i = k
+			break
+		}
+	}
+	if i < 0 || pt.closed {
+		pt.mu.Unlock()
+		return // taken by a reader meanwhile
+	}
+	im := pt.q[i]
+	m := &n.msg
+	m.mu.Lock()
+	if m.staged+int64(im.n) > int64(n.cfg.MsgStageMax) {
+		m.mu.Unlock()
+		pt.mu.Unlock()
+		n.stats.msgStageFull.Add(1)
+		return // the sender keeps waiting for a reader
+	}
+	m.staged += int64(im.n)
+	m.mu.Unlock()
+	st := &stage{done: make(chan struct{})}
+	pt.q[i].st = st
+	pt.mu.Unlock()
+	if !n.goSafe(func() {
+		ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.MsgTimeout)
+		defer cancel()
+		st.data = make([]byte, im.n)
+		st.err = n.pull(ctx, &im, st.data)
+		if st.err == nil {
+			n.stats.msgStaged.Add(1)
+		}
+		close(st.done)
+	}) {
+		st.err = ErrClosed
+		close(st.done)
+	}
+}
+
+// unstage gives a staged message's bytes back to the budget.
+func (n *Node) unstage(st *stage) {
+	n.msg.mu.Lock()
+	n.msg.staged -= int64(len(st.data))
+	n.msg.mu.Unlock()
+	st.data = nil
 }
 
 // withdrawn reports whether a pull failed because the sender's buffer was

@@ -48,7 +48,7 @@ func TestTryRecvOnAnEmptyPortWouldBlock(t *testing.T) {
 func TestWithdrawnRendezvousDoesNotPoisonThePort(t *testing.T) {
 	checkLeaks(t)
 	c := newCluster(t)
-	a := c.add(1, 0, qpcore.Config{})
+	a := c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour}) // no staging
 	b := c.add(2, 0, qpcore.Config{MsgTimeout: time.Second})
 	ctx := ctxT(t, 20*time.Second)
 	port, err := a.n.Bind(4)
@@ -155,4 +155,43 @@ func TestFullPortDoesNotBlockOtherPorts(t *testing.T) {
 		t.Fatalf("small send to an unbound port: %v, want ErrNoPort", err)
 	}
 	noQPErrors(t, a.n, b.n)
+}
+
+// A large message nobody reads yet is staged by the receiver after
+// MsgStageAfter: the sender's Send completes, and the reader that comes
+// later gets the bytes by a copy (counted), in order with the rest.
+func TestUnreadLargeMessageIsStaged(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{})
+	b := c.add(2, 0, qpcore.Config{MsgTimeout: time.Second})
+	ctx := ctxT(t, 20*time.Second)
+	port, err := a.n.Bind(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer port.Close()
+	big := pattern(qpcore.DefaultMsgThreshold*3, 2)
+	took, err := c.drive(time.Millisecond, time.Minute, func() error { return b.n.Send(ctx, 1, 4, big) })
+	if err != nil {
+		t.Fatalf("large send with no reader: %v after %v", err, took)
+	}
+	if took >= time.Second {
+		t.Fatalf("large send took %v of clock time, want about MsgStageAfter", took)
+	}
+	if err := b.n.Send(ctx, 1, 4, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(big))
+	m, err := port.Recv(ctx, dst)
+	if err != nil || m.Len != len(big) || m.ZeroCopy || !bytes.Equal(dst[:m.Len], big) {
+		t.Fatalf("staged message: %+v %v", m, err)
+	}
+	if m, err := port.Recv(ctx, dst); err != nil || string(dst[:m.Len]) != "after" {
+		t.Fatalf("message after the staged one: %q %v", dst[:m.Len], err)
+	}
+	st := a.n.Stats()
+	if st.MsgStaged != 1 || st.MsgLargeCopied != uint64(len(big)) {
+		t.Fatalf("staged %d, large bytes copied %d; want 1 and %d", st.MsgStaged, st.MsgLargeCopied, len(big))
+	}
 }

@@ -27,10 +27,11 @@ type counters struct {
 
 	dirReads, dirTorn atomic.Uint64
 
-	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed atomic.Uint64
-	msgSmallBytes, msgSmallCopied, msgLargeBytes              atomic.Uint64
-	msgFINErrors, msgRepostErrors                             atomic.Uint64
-	msgRefused, msgFullRetries                                atomic.Uint64
+	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed    atomic.Uint64
+	msgSmallBytes, msgSmallCopied, msgLargeBytes, msgLargeCopied atomic.Uint64
+	msgFINErrors, msgRepostErrors                                atomic.Uint64
+	msgRefused, msgFullRetries                                   atomic.Uint64
+	msgStaged, msgStageFull                                      atomic.Uint64
 }
 
 // reject counts a pre-check refusal.
@@ -105,6 +106,10 @@ type Stats struct {
 	// port's queue full); MsgFullRetries the sends this node repeated
 	// because the peer's port was full.
 	MsgRefused, MsgFullRetries uint64
+	// MsgStaged counts large messages pulled ahead of their reader (no
+	// reader waited for them; see Config.MsgStageAfter), MsgStageFull
+	// the ones left to wait because MsgStageMax bytes were staged.
+	MsgStaged, MsgStageFull uint64
 
 	// Local buffer registrations: cache hits, misses, evictions.
 	MemHits, MemMisses, MemEvictions uint64
@@ -137,7 +142,9 @@ func (n *Node) Stats() Stats {
 		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
 		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
 		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
-		MsgRefused: c.msgRefused.Load(), MsgFullRetries: c.msgFullRetries.Load(),
+		MsgLargeCopied: c.msgLargeCopied.Load(),
+		MsgRefused:     c.msgRefused.Load(), MsgFullRetries: c.msgFullRetries.Load(),
+		MsgStaged: c.msgStaged.Load(), MsgStageFull: c.msgStageFull.Load(),
 	}
 	s.VQPsOpen = int(c.vqpsOpen.Load())
 	n.mu.Lock()

@@ -101,6 +101,17 @@ except BlockingIOError:
 		if out := c.mustSh(t, "python3 -c '"+py+"'"); strings.TrimSpace(out) != "ok" {
 			t.Fatalf("draining port 5: %q", out)
 		}
+		// A large message (rendezvous) with no reader waiting: the write
+		// completes, the later reader gets every byte.
+		c.mustSh(t, "head -c 200000 /dev/urandom > "+c.dir+"/big; dd if="+c.dir+"/big of="+h2+"/peers/1/ports/6 bs=200000 status=none")
+		py = fmt.Sprintf(`import os
+fd = os.open(%q, os.O_RDONLY)
+m = os.read(fd, 1<<20)
+assert m == open(%q, "rb").read(), len(m)
+print("ok")`, h1+"/ports/6", c.dir+"/big")
+		if out := c.mustSh(t, "python3 -c '"+py+"'"); strings.TrimSpace(out) != "ok" {
+			t.Fatalf("large message read after its write returned: %q", out)
+		}
 		// A port nobody bound.
 		out, err := c.sh(30*time.Second, "printf x > "+h2+"/peers/1/ports/77")
 		if err == nil || !strings.Contains(out, "No such file or directory") {
