@@ -551,12 +551,19 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 		return nil
 	}
 	backoff := time.Millisecond
+	full := false // the port was full at least once
+	portFull := func() error {
+		return fmt.Errorf("%w: port %d on gid %d (%d queued) until %v", ErrPortFull, port, gid, n.cfg.PortDepth, context.Cause(ctx))
+	}
 	for {
 		payload := msg
 		if h.kind == msgRTS {
 			payload = nil
 		}
 		if err := n.sendSmall(ctx, p, &h, payload); err != nil {
+			if full && ctx.Err() != nil {
+				return portFull()
+			}
 			return err
 		}
 		timeout, stop := clock.After(n.clock, n.cfg.MsgTimeout)
@@ -566,6 +573,9 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 			stop()
 		case <-ctx.Done():
 			stop()
+			if full {
+				return portFull()
+			}
 			return ctx.Err()
 		case <-timeout:
 			if h.kind == msgData {
@@ -583,13 +593,14 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 		case finNoPort:
 			return fmt.Errorf("%w: %d on gid %d", ErrNoPort, port, gid)
 		case finFull:
+			full = true
 			n.stats.msgFullRetries.Add(1)
 			wait, stop := clock.After(n.clock, backoff)
 			select {
 			case <-wait:
 			case <-ctx.Done():
 				stop()
-				return fmt.Errorf("%w: port %d on gid %d (%d queued) until %v", ErrPortFull, port, gid, n.cfg.PortDepth, context.Cause(ctx))
+				return portFull()
 			}
 			backoff = min(2*backoff, 50*time.Millisecond)
 		default:
