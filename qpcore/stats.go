@@ -97,9 +97,11 @@ type Stats struct {
 	// Region directory READs, and torn reads repeated.
 	DirReads, DirTorn uint64
 
-	// Messages sent and received, by rendezvous, dropped (no port),
+	// Messages sent and received, by rendezvous, dropped (queued on a
+	// port that was closed, or a rendezvous its sender withdrew),
 	// malformed; payload bytes delivered and bytes copied by qpcore on
-	// each path (small: sender bounce + receiver copy; large: none).
+	// each path (small: sender bounce + receiver copy; large: none, but
+	// for staged messages).
 	MsgSent, MsgRecv, MsgRendezvous, MsgDropped, MsgMalformed    uint64
 	MsgSmallBytes, MsgSmallCopied, MsgLargeBytes, MsgLargeCopied uint64
 	// MsgRefused counts messages this node refused (no such port, or the
