@@ -88,6 +88,9 @@ type Port interface {
 	// Recv blocks for the next message and copies it into p, returning its
 	// length; a message longer than p is an error (EMSGSIZE) and is kept.
 	Recv(ctx context.Context, p []byte) (int, error)
+	// TryRecv is Recv without the wait: with no message queued it fails
+	// at once with EAGAIN (a read opened with O_NONBLOCK).
+	TryRecv(ctx context.Context, p []byte) (int, error)
 	// Close unbinds the port.
 	Close() error
 }

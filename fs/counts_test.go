@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/krfs/krfs/fs"
 	"golang.org/x/sys/unix"
@@ -35,12 +36,14 @@ func pageAligned(t *testing.T, n int) []byte {
 // Rule: a write that straddles the end of a region writes every byte in
 // range and reports that count; the next write, at the end, gets EFBIG.
 // The 2 MiB buffer is not page-aligned, so the kernel splits it into three
-// FUSE requests and the second one straddles the end.
+// FUSE requests and the second one straddles the end. A local region grows
+// on writes past its end, so its end here is the size limit
+// (Options.MaxRegionSize).
 func TestWriteAcrossTheEndWritesEverythingInRange(t *testing.T) {
 	const size = 3 << 20
 	f := newFake(1)
 	f.addPeer(2, size)
-	dir := mountFake(t, f)
+	dir := mountFakeWith(t, f, fs.Options{Timeout: time.Second, MaxRegionSize: size})
 	if err := os.WriteFile(filepath.Join(dir, "regions/big"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

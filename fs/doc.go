@@ -9,10 +9,11 @@
 //	      mem                 the peer's default region
 //	      mr/<name>           each region the peer exports; st_size = region size
 //	      ports/<port>        each write() sends one message (at most MaxMessage
-//	                          bytes) to that port on the peer
+//	                          bytes) to that port on the peer; returns once queued
 //	      info                text: address, incarnation, transport in use, counters
-//	  regions/<name>          regions this node exports: create + truncate sets the
-//	                          size, rm unexports; regions/mem is the default region
+//	  regions/<name>          regions this node exports, files of their size: create
+//	                          exports, truncate or a write past the end resizes,
+//	                          rm unexports; regions/mem is the default region
 //	  ports/<port>            this node's receive ports: create binds, each read()
 //	                          returns exactly one message, rm unbinds
 //	  stats, stats.json       pool, cache, switches, NIC counters
@@ -42,8 +43,9 @@
 // that did not complete within Options.Timeout's bound, EHOSTDOWN for a
 // peer declared down on evidence of death (see qpcore's "Timeouts and
 // liveness") or an unreachable meta service, EPROTO for a peer on another
-// transport (softnic and rdma nodes cannot reach each other), ENOENT for an unknown gid, region or port, EACCES for a
-// permission, EINVAL for bad alignment or arguments. Every remote
+// transport (softnic and rdma nodes cannot reach each other), ENOENT for
+// an unknown gid, region or port, EACCES for a permission, EINVAL for bad alignment or arguments, EROFS for any change to the
+// entries of peers/ (or the root), which mirror the cluster. Every remote
 // operation ends within qpcore's PeerTimeout (krfs's --timeout) plus a
 // housekeeping tick; Options.Timeout, which krfs sets to --timeout + 1 s,
 // is only a backstop.
@@ -65,6 +67,32 @@
 // gave, and peers this node knows (their metadata is cached) keep
 // working; only unknown peers fail, with EHOSTDOWN, within the mount's
 // timeout.
+//
+// # Local regions
+//
+// regions/<name> is a file of the region's size. Create makes an empty
+// region, listed at once; O_TRUNC and truncate resize it; a write past
+// the end grows it (a resize registers it again: peers see the new size
+// and rkey), up to Options.MaxRegionSize, beyond which a write or
+// truncate fails with EFBIG. The default region mem keeps its size. The
+// backend refuses a region past its count limit (ENOSPC) or with a bad
+// name (EINVAL: 1-32 characters of [A-Za-z0-9._-]); the refusal is
+// logged through Options.Logf and leaves nothing behind.
+//
+// # Ports
+//
+// Each port queues a bounded number of messages (the backend's depth); a
+// write to a full port retries until the mount's timeout and then fails
+// with EAGAIN, without holding up other ports; a write to an unbound port
+// fails with ENOENT. A read blocks for the next message, or, on a
+// descriptor opened O_NONBLOCK, fails with EAGAIN when none is queued.
+// A large message nobody reads yet is staged by the receiving daemon,
+// so the write returns without waiting for a reader.
+// poll and select cannot wait for a message: go-fuse v2.12.1 answers
+// FUSE_POLL with ENOSYS, so the kernel reports port files always ready.
+// Tree walkers must skip ports/ (a read waits for, and consumes, a
+// message); ports/ lists only bound ports and peers/<gid>/ports/ lists
+// nothing, so a walk of a node that bound no port meets none.
 //
 // # Atomics
 //

@@ -342,6 +342,18 @@ func (p *fakePort) Recv(ctx context.Context, buf []byte) (int, error) {
 	}
 }
 
+func (p *fakePort) TryRecv(ctx context.Context, buf []byte) (int, error) {
+	select {
+	case m := <-p.ch:
+		if len(m) > len(buf) {
+			return 0, syscall.EMSGSIZE
+		}
+		return copy(buf, m), nil
+	default:
+		return 0, syscall.EAGAIN
+	}
+}
+
 func (p *fakePort) Close() error {
 	p.f.mu.Lock()
 	delete(p.f.ports, p.num)

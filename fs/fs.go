@@ -27,10 +27,17 @@ type Options struct {
 	Debug bool
 	// Name is the fuse.<Name> filesystem type shown in the mount table.
 	Name string
+	// MaxRegionSize bounds a local region: a truncate or a write past it
+	// fails with EFBIG (default DefaultMaxRegionSize). The backend may
+	// refuse smaller sizes too (node.Config.MaxRegionSize).
+	MaxRegionSize int64
 	// Logf, if set, receives a line for each refused request an operator
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
 }
+
+// DefaultMaxRegionSize is Options.MaxRegionSize when left zero: 1 TiB.
+const DefaultMaxRegionSize = 1 << 40
 
 // MaxIO is the largest read or write one FUSE request carries (the
 // kernel's limit is 256 pages).
@@ -50,6 +57,9 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	}
 	if o.Name == "" {
 		o.Name = "krfs"
+	}
+	if o.MaxRegionSize <= 0 {
+		o.MaxRegionSize = DefaultMaxRegionSize
 	}
 	root := newRoot(b, o)
 	long := time.Hour

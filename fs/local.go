@@ -11,8 +11,8 @@ import (
 )
 
 // regionsDir is regions/: the regions this node exports. Creating a file
-// exports an empty region, truncating it sets the size, removing it
-// unexports it.
+// makes an empty region (listed at once), truncating it or writing past
+// its end sets the size, removing it unexports it.
 type regionsDir struct {
 	gofs.Inode
 	m *mount
@@ -148,7 +148,7 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 			}
 			return syscall.EPERM
 		}
-		if sz > 1<<40 {
+		if int64(sz) > f.m.o.MaxRegionSize {
 			return syscall.EFBIG
 		}
 		if _, err := f.m.b.Export(f.name, int64(sz), info.Mode, info.UID, info.GID); err != nil {
@@ -187,6 +187,11 @@ func (f *localRegionFile) Read(ctx context.Context, fh gofs.FileHandle, dest []b
 	return readResult(dest, n, want, err)
 }
 
+// Write writes at off; a write past the end first grows the region (a
+// resize: peers see the new size and a new rkey), up to
+// Options.MaxRegionSize: a write across that limit writes the bytes below
+// it, a write at or past it fails with EFBIG. The default region mem keeps
+// its size (--mem-size): writes past its end are clipped as on peer files.
 func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
 	r, e := f.region()
 	if e != 0 {
@@ -195,7 +200,23 @@ func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []
 	if off < 0 {
 		return 0, syscall.EINVAL
 	}
-	data, e = clipWrite(data, off, r.Info().Size)
+	info := r.Info()
+	size := info.Size
+	if end := off + int64(len(data)); end > size && f.name != "mem" && len(data) > 0 {
+		if off >= f.m.o.MaxRegionSize {
+			return 0, syscall.EFBIG
+		}
+		grown := min(end, f.m.o.MaxRegionSize)
+		if _, err := f.m.b.Export(f.name, grown, info.Mode, info.UID, info.GID); err != nil {
+			f.m.logf("regions/%s: grow to %d bytes: %v", f.name, grown, err)
+			return 0, errno(err)
+		}
+		if r, e = f.region(); e != 0 {
+			return 0, e
+		}
+		size = r.Info().Size
+	}
+	data, e = clipWrite(data, off, size)
 	if e != 0 || len(data) == 0 {
 		return 0, e
 	}
@@ -348,18 +369,30 @@ func (f *localPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fu
 	return 0
 }
 
+// portHandle is an open ports/<port>: whether it was opened O_NONBLOCK.
+type portHandle struct{ nonblock bool }
+
 func (f *localPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
-	return nil, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
+	// FOPEN_NONSEEKABLE: a port is a stream, offsets mean nothing.
+	return &portHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE, 0
 }
 
 // Read returns exactly one message (offsets are ignored: a port is a
 // stream of messages). It blocks until one arrives; a signal to the reader
-// interrupts the wait.
+// interrupts the wait. A descriptor opened with O_NONBLOCK gets EAGAIN
+// when no message is queued (FUSE does not pass a later fcntl(F_SETFL)
+// to the filesystem: the flag counts at open).
 func (f *localPortFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := f.port.Recv(ctx, dest)
+	var n int
+	var err error
+	if h, ok := fh.(*portHandle); ok && h.nonblock {
+		n, err = f.port.TryRecv(ctx, dest)
+	} else {
+		n, err = f.port.Recv(ctx, dest)
+	}
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			return nil, syscall.EINTR

@@ -39,6 +39,7 @@ func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc
 // root is the mount's root directory.
 type root struct {
 	gofs.Inode
+	readOnlyDir
 	m *mount
 }
 
@@ -107,6 +108,7 @@ func freshRegion(ctx context.Context, conn Conn, name string, maxAge time.Durati
 // reachable by name (their metadata is cached below).
 type peersDir struct {
 	gofs.Inode
+	readOnlyDir
 	m *mount
 
 	mu   sync.Mutex // guards last
@@ -175,6 +177,7 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // peerDir is peers/<gid>/: mem, mr/, ports/, info.
 type peerDir struct {
 	gofs.Inode
+	readOnlyDir
 	m   *mount
 	gid uint32
 }
@@ -200,6 +203,7 @@ func (d *peerDir) OnAdd(ctx context.Context) {
 // peerMRDir lists a peer's exported regions.
 type peerMRDir struct {
 	gofs.Inode
+	readOnlyDir
 	m   *mount
 	gid uint32
 }
@@ -485,6 +489,7 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 // message to that port on the peer.
 type peerPortsDir struct {
 	gofs.Inode
+	readOnlyDir
 	m   *mount
 	gid uint32
 }

@@ -71,22 +71,54 @@ func region(r qpcore.Region) fs.Region {
 		Remote: r.Access&verbs.AccessRemoteRead != 0}
 }
 
+// Regions lists the exported regions and the empty ones (created, not
+// yet grown: they have no memory to register, but ls must show them).
 func (b *Node) Regions() []fs.Region {
 	rs := b.core.Regions()
-	out := make([]fs.Region, len(rs))
-	for i, r := range rs {
-		out[i] = region(r)
+	out := make([]fs.Region, 0, len(rs))
+	seen := make(map[string]bool, len(rs))
+	for _, r := range rs {
+		out = append(out, region(r))
+		seen[r.Name] = true
+	}
+	if b.store != nil {
+		for _, name := range b.store.Mapped() {
+			if seen[name] {
+				continue
+			}
+			if r, ok := b.localInfo(name); ok {
+				out = append(out, r)
+			}
+		}
 	}
 	return out
 }
 
-// Export maps (or resizes) the region's shared-memory file and exports it;
-// a resize re-registers it under a new rkey.
+// Export creates a region or resizes an existing one (its shared-memory
+// file is grown or shrunk and the region registered again under a new
+// rkey; a region of size 0 is listed but not registered). A new region is
+// refused with ENOSPC once the node has Config.MaxRegions, a size above
+// Config.MaxRegionSize with EFBIG, a bad name with EINVAL; every refusal
+// says why, and a refused new region leaves no file behind.
 func (b *Node) Export(name string, size int64, mode, uid, gid uint32) (fs.Region, error) {
 	if !shm.ValidName(name) {
-		return fs.Region{}, syscall.EINVAL
+		return fs.Region{}, fmt.Errorf("region name %q: want 1-32 characters of [A-Za-z0-9._-], not starting with '.': %w", name, syscall.EINVAL)
 	}
-	if old := b.store.Get(name); old != nil {
+	if size < 0 || size > b.maxRegionSize {
+		return fs.Region{}, fmt.Errorf("region %s: %d bytes: the largest region is %d bytes (--max-region-size): %w", name, size, b.maxRegionSize, syscall.EFBIG)
+	}
+	if b.store == nil {
+		return fs.Region{}, fmt.Errorf("this node has no region store: %w", syscall.EROFS)
+	}
+	b.regionMu.Lock()
+	defer b.regionMu.Unlock()
+	old := b.store.Get(name)
+	if old == nil {
+		if k := len(b.store.Mapped()); k >= b.maxRegions {
+			b.log.Warnf("region %s refused: this node already has %d regions, the limit (--max-regions)", name, k)
+			return fs.Region{}, fmt.Errorf("region %s: %d regions, the limit (--max-regions): %w", name, k, syscall.ENOSPC)
+		}
+	} else {
 		if cur, _ := b.localInfo(name); cur.Size == size {
 			return cur, nil
 		}
@@ -107,7 +139,12 @@ func (b *Node) Export(name string, size int64, mode, uid, gid uint32) (fs.Region
 		}
 		return fs.Region{}, err
 	}
-	return b.export(r, mode, uid, gid)
+	out, err := b.export(r, mode, uid, gid)
+	if err != nil && old == nil {
+		// Never leave a half-created region behind.
+		_ = b.store.Remove(name)
+	}
+	return out, err
 }
 
 func (b *Node) export(r *shm.Region, mode, uid, gid uint32) (fs.Region, error) {
@@ -129,9 +166,11 @@ func (b *Node) Unexport(name string) error {
 	if name == "mem" {
 		return syscall.EBUSY // the default region lives as long as the node
 	}
-	if b.store.Get(name) == nil {
+	if b.store == nil || b.store.Get(name) == nil {
 		return syscall.ENOENT
 	}
+	b.regionMu.Lock()
+	defer b.regionMu.Unlock()
 	if err := b.core.Unexport(name); err != nil && !errors.Is(err, qpcore.ErrNotPresent) {
 		return err
 	}
@@ -145,7 +184,7 @@ func (b *Node) localInfo(name string) (fs.Region, bool) {
 			return region(r), true
 		}
 	}
-	if b.store.Get(name) != nil {
+	if b.store != nil && b.store.Get(name) != nil {
 		m, u, g, size, err := b.store.Stat(name)
 		if err == nil {
 			return fs.Region{Name: name, Size: size, Mode: uint32(m), UID: uint32(u), GID: uint32(g)}, true
@@ -230,7 +269,14 @@ type localRegion struct {
 	name string
 }
 
+// mem returns the region's mapping with b.regionMu read-locked (a resize
+// remaps it); the caller calls l.b.regionMu.RUnlock when done, also on
+// error.
 func (l *localRegion) mem() ([]byte, error) {
+	l.b.regionMu.RLock()
+	if l.b.store == nil {
+		return nil, syscall.ENOENT
+	}
 	r := l.b.store.Get(l.name)
 	if r == nil {
 		return nil, syscall.ENOENT
@@ -245,6 +291,7 @@ func (l *localRegion) Info() fs.Region {
 
 func (l *localRegion) ReadAt(p []byte, off int64) (int, error) {
 	m, err := l.mem()
+	defer l.b.regionMu.RUnlock()
 	if err != nil {
 		return 0, err
 	}
@@ -259,6 +306,7 @@ func (l *localRegion) ReadAt(p []byte, off int64) (int, error) {
 
 func (l *localRegion) WriteAt(p []byte, off int64) (int, error) {
 	m, err := l.mem()
+	defer l.b.regionMu.RUnlock()
 	if err != nil {
 		return 0, err
 	}
@@ -274,7 +322,8 @@ func (l *localRegion) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // word returns the 8-byte word at off for CPU atomics, which are atomic
-// with the NIC's atomics on the same memory.
+// with the NIC's atomics on the same memory; like mem, it returns with
+// b.regionMu read-locked.
 func (l *localRegion) word(off int64) (*uint64, error) {
 	m, err := l.mem()
 	if err != nil {
@@ -288,6 +337,7 @@ func (l *localRegion) word(off int64) (*uint64, error) {
 
 func (l *localRegion) FetchAdd(off int64, delta uint64) (uint64, error) {
 	w, err := l.word(off)
+	defer l.b.regionMu.RUnlock()
 	if err != nil {
 		return 0, err
 	}
@@ -298,6 +348,7 @@ func (l *localRegion) FetchAdd(off int64, delta uint64) (uint64, error) {
 
 func (l *localRegion) CompareAndSwap(off int64, cmp, swap uint64) (uint64, error) {
 	w, err := l.word(off)
+	defer l.b.regionMu.RUnlock()
 	if err != nil {
 		return 0, err
 	}
@@ -406,6 +457,11 @@ type portAdapter struct{ p *qpcore.Port }
 
 func (a *portAdapter) Recv(ctx context.Context, buf []byte) (int, error) {
 	m, err := a.p.Recv(ctx, buf)
+	return m.Len, err
+}
+
+func (a *portAdapter) TryRecv(ctx context.Context, buf []byte) (int, error) {
+	m, err := a.p.TryRecv(ctx, buf)
 	return m.Len, err
 }
 

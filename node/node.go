@@ -18,10 +18,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -58,7 +60,12 @@ type Config struct {
 	// store at all (the node exports nothing).
 	MemSize int64
 	// ShmDir is the directory of the region files; empty is
-	// shm.DefaultDir(gid).
+	// shm.DefaultDir(gid) for a node of a cluster, and that name followed
+	// by "-PORT" (the NIC's UDP port) for a single-node cluster (an
+	// embedded meta service): every single-node cluster has the same gid,
+	// and two on one host must not share their regions. One daemon at a
+	// time holds a directory (shm.Open's lock): a second node on it fails
+	// to start and says so.
 	ShmDir string
 	// StartTimeout bounds the wait for the meta service; 0 is
 	// DefaultStartTimeout.
@@ -66,6 +73,12 @@ type Config struct {
 	// MetaTimeout bounds one query of the meta service made for a listing
 	// (ResPeers); 0 is DefaultMetaTimeout.
 	MetaTimeout time.Duration
+	// MaxRegionSize bounds one region (a create, truncate or write past
+	// it fails with EFBIG); 0 is shm.MaxSize. The limit on the number of
+	// regions is QPCore.MaxRegions (its region directory's capacity,
+	// qpcore.DefaultMaxRegions by default): one region more fails with
+	// ENOSPC and a log line, and leaves nothing behind.
+	MaxRegionSize int64
 }
 
 // Node is a running node.
@@ -79,6 +92,15 @@ type Node struct {
 	metaDesc string
 	metaWait time.Duration // Config.MetaTimeout
 	log      logrus.FieldLogger
+
+	// regionMu serializes creating, resizing and removing regions, and is
+	// read-held while local I/O touches a region's mapping, which a
+	// resize replaces.
+	regionMu      sync.RWMutex
+	maxRegions    int
+	maxRegionSize int64
+
+	closeOnce sync.Once
 }
 
 // ParseMeta parses a --meta list, HOST:PORT[,HOST:PORT...]; empty entries
@@ -110,7 +132,13 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if cfg.MetaTimeout <= 0 {
 		cfg.MetaTimeout = DefaultMetaTimeout
 	}
-	n := &Node{dev: cfg.Device, metaWait: cfg.MetaTimeout, log: log}
+	n := &Node{dev: cfg.Device, metaWait: cfg.MetaTimeout, log: log, maxRegions: cfg.QPCore.MaxRegions, maxRegionSize: cfg.MaxRegionSize}
+	if n.maxRegions <= 0 {
+		n.maxRegions = qpcore.DefaultMaxRegions
+	}
+	if n.maxRegionSize <= 0 || n.maxRegionSize > shm.MaxSize {
+		n.maxRegionSize = shm.MaxSize
+	}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -149,7 +177,20 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if cfg.MemSize == 0 {
 		return n, nil
 	}
-	if err := n.openStore(cfg.ShmDir, gid, cfg.MemSize); err != nil {
+	dir := cfg.ShmDir
+	if dir == "" {
+		dir = shm.DefaultDir(gid)
+		if n.srv != nil {
+			dir = fmt.Sprintf("%s-%d", dir, dev.Addr().Port())
+		}
+	}
+	if err := n.openStore(dir, cfg.MemSize); err != nil {
+		if n.store != nil {
+			// A failed start leaves nothing behind: the directory it
+			// made goes with the regions in it.
+			_ = n.store.Discard()
+			n.store = nil
+		}
 		return nil, err
 	}
 	// Publish the default region's rkey and length in the meta entry:
@@ -164,11 +205,9 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 // openStore opens the region store, exports again the regions an earlier
 // run left in it (with their data, under new keys: peers find them
 // through the new incarnation's directory), and creates "mem" if missing.
-func (n *Node) openStore(dir string, gid uint32, mem int64) (err error) {
-	if dir == "" {
-		dir = shm.DefaultDir(gid)
-	}
+func (n *Node) openStore(dir string, mem int64) (err error) {
 	if n.store, err = shm.Open(dir); err != nil {
+		n.store = nil
 		return err
 	}
 	names, err := n.store.Names()
@@ -195,8 +234,24 @@ func (n *Node) openStore(dir string, gid uint32, mem int64) (err error) {
 }
 
 // Close deregisters the node and stops everything Start started, the
-// device included.
+// device included. The region files stay, for the next start to recover;
+// Close after the first does nothing.
 func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() { err = n.close(false) })
+	return err
+}
+
+// CloseAndDiscard is Close for a node whose mount failed: if this start
+// created the region directory, it goes too, with the regions in it, so
+// that a failed mount leaves nothing behind.
+func (n *Node) CloseAndDiscard() error {
+	var err error
+	n.closeOnce.Do(func() { err = n.close(true) })
+	return err
+}
+
+func (n *Node) close(discard bool) error {
 	if n.agent != nil {
 		if err := n.agent.Close(); err != nil {
 			n.log.Debugf("deregister: %v", err)
@@ -212,9 +267,48 @@ func (n *Node) Close() error {
 		n.srv.Close()
 	}
 	if n.store != nil {
-		n.store.Close()
+		if discard {
+			if err := n.store.Discard(); err != nil {
+				n.log.Warnf("removing %s: %v", n.store.Dir(), err)
+			}
+		} else {
+			n.store.Close()
+		}
 	}
 	return n.dev.Close()
+}
+
+// StoreDir is the directory of the node's region files ("" without a
+// region store).
+func (n *Node) StoreDir() string {
+	if n.store == nil {
+		return ""
+	}
+	return n.store.Dir()
+}
+
+// Purge frees region memory that no daemon holds: the region store in dir
+// (every region file, the lock, the directory), or with dir "" every
+// store under the default base (/dev/shm/krfs-*). A store a running
+// daemon holds is skipped, and the error then names it (wrapping
+// shm.ErrInUse). It returns the directories it removed. The regions'
+// contents are lost: this is `krfs purge`.
+func Purge(dir string) (removed []string, err error) {
+	dirs := []string{dir}
+	if dir == "" {
+		if dirs, err = shm.Stores(); err != nil {
+			return nil, err
+		}
+	}
+	var errs []error
+	for _, d := range dirs {
+		if err := shm.Purge(d); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, d)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // Device is the node's NIC.

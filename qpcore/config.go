@@ -25,6 +25,9 @@ const (
 	DefaultSendBuffers  = 16
 	DefaultMsgThreshold = 64 << 10
 	DefaultMsgTimeout   = 10 * time.Second
+	DefaultPortDepth    = 16
+	DefaultStageAfter   = 5 * time.Millisecond
+	DefaultStageMax     = 64 << 20
 	DefaultTick         = 20 * time.Millisecond
 	DefaultMemCacheMax  = 1024
 	DefaultMemCacheSize = 32 << 20
@@ -112,6 +115,19 @@ type Config struct {
 	SendBuffers  int
 	MsgThreshold int
 	MsgTimeout   time.Duration
+	// PortDepth bounds the messages queued on one port; a message to a
+	// full port is refused and its sender retries (see msg.go). Keep it
+	// below RecvBuffers, so that one full port leaves receive buffers to
+	// the others.
+	PortDepth int
+	// A large (rendezvous) message that no reader took within
+	// MsgStageAfter is pulled into the receiver's own memory, so that its
+	// sender's Send completes without waiting for the reader; the reader
+	// then gets a copy (counted) instead of a zero-copy READ. At most
+	// MsgStageMax bytes are staged at once; beyond, senders wait for
+	// their readers as before.
+	MsgStageAfter time.Duration
+	MsgStageMax   int
 
 	// MemCacheMax bounds the cache of automatic registrations of caller
 	// buffers (see Node.Register) in entries, MemCacheSize in bytes: a
@@ -170,6 +186,9 @@ func (c *Config) setDefaults() {
 	def(&c.SendBuffers, DefaultSendBuffers)
 	def(&c.MsgThreshold, DefaultMsgThreshold)
 	defd(&c.MsgTimeout, DefaultMsgTimeout)
+	def(&c.PortDepth, DefaultPortDepth)
+	defd(&c.MsgStageAfter, DefaultStageAfter)
+	def(&c.MsgStageMax, DefaultStageMax)
 	def(&c.MemCacheMax, DefaultMemCacheMax)
 	def(&c.MemCacheSize, DefaultMemCacheSize)
 	defd(&c.Tick, DefaultTick)

@@ -71,6 +71,7 @@ var (
 	ErrNoPort       = newError("no such port on the peer", syscall.ENOENT)
 	ErrShortBuffer  = newError("message longer than the buffer", syscall.EMSGSIZE)
 	ErrReceiverBusy = newError("receiver posted no buffer in time", syscall.ETIMEDOUT)
+	ErrPortFull     = newError("the peer's port queue is full", syscall.EAGAIN)
 )
 
 // RemoteError is a completion error from the peer that the pre-check

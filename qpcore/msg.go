@@ -3,9 +3,11 @@ package qpcore
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
@@ -25,10 +27,26 @@ import (
 //     SENDs only a header (RTS: length, rkey, token); Recv READs the
 //     message straight into the caller's buffer and SENDs a FIN back; the
 //     sender then deregisters the MR and returns. No copy by krfs.
+//     If no reader took an announced message within MsgStageAfter, the
+//     receiver pulls it into memory of its own (at most MsgStageMax bytes
+//     staged at once) so that the sender returns; the reader then gets a
+//     copy, counted in MsgLargeCopied.
 //
 // A receiver that posted no buffer answers with RNR NAKs; the sender's
 // DCI retries, then qpcore retries after a backoff until MsgTimeout.
 // Messages from one sender to one port arrive in order.
+//
+// Ports and backpressure. Each port queues at most PortDepth messages;
+// a small message waits in its receive buffer until read, so PortDepth
+// (below RecvBuffers) is also what one slow reader can hold of the shared
+// receive buffers: a full port never stops messages to the others. The
+// receiver answers every small message and every RTS with a verdict (a
+// FIN carrying the sender's token): queued, no such port, or port full.
+// Send returns when the message is queued (small) or pulled (large);
+// to an unbound port it fails with ErrNoPort; on a full port it retries
+// after a growing back-off until ctx ends, then fails with ErrPortFull
+// (EAGAIN). A rendezvous whose sender gave up (timed out and
+// deregistered its buffer) is skipped by the reader, counted as dropped.
 //
 // Header (40 bytes, little endian): magic u16, kind u8, status u8, port
 // u32, source gid u32, rkey u32, length u64, token u64, incarnation u64.
@@ -41,9 +59,13 @@ const (
 	msgRTS  = 2
 	msgFIN  = 3
 
+	// FIN statuses: the outcome of a rendezvous (finOK, finNoPort,
+	// finFailed), or a receiver's verdict on a message that asked for
+	// one (finOK: queued; finNoPort; finFull: the port's queue is full).
 	finOK     = 0
 	finNoPort = 1
 	finFailed = 2
+	finFull   = 3
 )
 
 type msgHdr struct {
@@ -91,6 +113,7 @@ type msgState struct {
 	bounce  chan *bounceBuf
 
 	mu      sync.Mutex // guards the fields below
+	staged  int64      // bytes of staged messages (at most MsgStageMax)
 	ports   map[uint32]*Port
 	rdv     map[uint64]chan uint8 // rendezvous sends waiting for their FIN
 	token   uint64
@@ -201,6 +224,17 @@ type inMsg struct {
 	buf   int
 	rkey  uint32
 	token uint64
+	st    *stage // a large message pulled ahead of its reader
+}
+
+// stage is a large message that no reader took within MsgStageAfter: the
+// receiver pulls it into memory of its own, so that the sender's write
+// completes, and the reader later copies it out (a copy counted in
+// MsgLargeCopied: zero-copy holds only for a reader that is waiting).
+type stage struct {
+	done chan struct{} // closed when the pull ended
+	data []byte
+	err  error
 }
 
 // Port is a bound receive port.
@@ -255,8 +289,20 @@ func (pt *Port) wake() {
 
 // Recv waits for the next message and places it in dst. A message longer
 // than dst is not consumed: Recv returns ErrShortBuffer with its length in
-// Message.Len. Large messages are READ straight into dst.
+// Message.Len. Large messages are READ straight into dst; one whose sender
+// gave up waiting (its buffer is gone) is dropped, counted in MsgDropped,
+// and Recv goes on with the next.
 func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
+	return pt.recv(ctx, dst, true)
+}
+
+// TryRecv is Recv that does not wait: with no message queued it fails at
+// once with ErrWouldBlock (EAGAIN), as a non-blocking read does.
+func (pt *Port) TryRecv(ctx context.Context, dst []byte) (Message, error) {
+	return pt.recv(ctx, dst, false)
+}
+
+func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, error) {
 	n := pt.n
 	for {
 		pt.mu.Lock()
@@ -272,6 +318,26 @@ func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
 			if more {
 				pt.wake()
 			}
+			if im.st != nil {
+				select {
+				case <-im.st.done:
+				case <-ctx.Done():
+					pt.mu.Lock()
+					pt.q = append([]inMsg{im}, pt.q...) // still the next message
+					pt.mu.Unlock()
+					pt.wake()
+					return Message{}, ctx.Err()
+				}
+				if im.st.err != nil {
+					n.unstage(im.st)
+					n.stats.msgDropped.Add(1)
+					continue
+				}
+				copy(dst, im.st.data)
+				n.unstage(im.st)
+				n.stats.msgLargeCopied.Add(uint64(im.n))
+				return Message{From: im.from, Len: im.n}, nil
+			}
 			if im.kind == msgData {
 				off := im.buf*n.msg.bufSize + msgHdrLen
 				copy(dst, n.msg.rbuf[off:off+im.n])
@@ -282,6 +348,13 @@ func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
 				return Message{From: im.from, Len: im.n}, nil
 			}
 			err := n.pull(ctx, &im, dst[:im.n])
+			if withdrawn(err) {
+				// The sender timed out and deregistered its buffer:
+				// that message is lost to it (its Send failed), not to
+				// the messages behind it.
+				n.stats.msgDropped.Add(1)
+				continue
+			}
 			return Message{From: im.from, Len: im.n, ZeroCopy: true}, err
 		}
 		if pt.closed {
@@ -289,6 +362,9 @@ func (pt *Port) Recv(ctx context.Context, dst []byte) (Message, error) {
 			return Message{}, ErrClosed
 		}
 		pt.mu.Unlock()
+		if !block {
+			return Message{}, ErrWouldBlock
+		}
 		select {
 		case <-pt.notify:
 		case <-ctx.Done():
@@ -322,10 +398,22 @@ func (pt *Port) Close() error {
 	return nil
 }
 
+// Queued is the number of messages waiting on the port.
+func (pt *Port) Queued() int {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return len(pt.q)
+}
+
 func (n *Node) dropMsg(im *inMsg) {
 	n.stats.msgDropped.Add(1)
 	if im.kind == msgData {
 		n.msg.repost(im.buf)
+		return
+	}
+	if st := im.st; st != nil {
+		// The sender already has its FIN (from the staging pull).
+		n.goSafe(func() { <-st.done; n.unstage(st) })
 		return
 	}
 	from, token := im.from, im.token
@@ -386,24 +474,43 @@ func (n *Node) onRecv(wc *verbs.WC) {
 	m.mu.Lock()
 	pt := m.ports[h.port]
 	m.mu.Unlock()
+	verdict := uint8(finNoPort)
 	if pt != nil {
 		pt.mu.Lock()
-		if !pt.closed {
+		switch {
+		case pt.closed:
+		case len(pt.q) >= n.cfg.PortDepth:
+			verdict = finFull
+		default:
 			pt.q = append(pt.q, im)
 			pt.mu.Unlock()
 			pt.wake()
+			if h.kind == msgData && h.token != 0 {
+				n.goSafe(func() { n.sendFIN(h.src, h.token, finOK) })
+			}
+			if h.kind == msgRTS {
+				from, tok := h.src, h.token
+				n.clock.AfterFunc(n.cfg.MsgStageAfter, func() { n.stageUnread(pt, from, tok) })
+			}
 			return
 		}
 		pt.mu.Unlock()
 	}
-	n.dropMsg(&im)
+	// Refused: the sender learns why (a sender that asked for no verdict,
+	// token 0, sees its message dropped).
+	n.stats.msgRefused.Add(1)
+	if h.kind == msgData {
+		m.repost(im.buf)
+	}
+	if h.token != 0 {
+		n.goSafe(func() { n.sendFIN(h.src, h.token, verdict) })
+	}
 }
 
-// Send sends msg to port on peer gid and returns once it was delivered
-// (small: the receiver's NIC acknowledged it; large: the receiver pulled
-// it). It fails with ErrNoPort if the port is not bound when a large
-// message arrives; small messages to unbound ports are dropped by the
-// receiver.
+// Send sends msg to port on peer gid and returns once it is queued on
+// the port (small) or pulled by the reader (large). It fails with
+// ErrNoPort if the port is not bound, and with ErrPortFull if the port's
+// queue stayed full until ctx ended (it retries meanwhile).
 func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) error {
 	p, err := n.peerRef(ctx, gid)
 	if err != nil {
@@ -411,20 +518,17 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 	}
 	defer n.unref(p)
 	h := msgHdr{port: port, src: n.gid.Load(), length: uint64(len(msg)), inc: n.incarnation}
+	var mr verbs.MR
 	if len(msg) < n.cfg.MsgThreshold {
 		h.kind = msgData
-		if err := n.sendSmall(ctx, p, &h, msg); err != nil {
-			return err
+	} else {
+		if mr, err = n.pd.RegMR(msg, verbs.AccessRemoteRead); err != nil {
+			return fmt.Errorf("qpcore: exposing a message: %w", err)
 		}
-		n.stats.msgSent.Add(1)
-		return nil
+		defer mr.Dereg()
+		h.kind, h.rkey = msgRTS, mr.RKey()
 	}
-	mr, err := n.pd.RegMR(msg, verbs.AccessRemoteRead)
-	if err != nil {
-		return fmt.Errorf("qpcore: exposing a message: %w", err)
-	}
-	defer mr.Dereg()
-	ch := make(chan uint8, 1)
+	ch := make(chan uint8, 2)
 	n.msg.mu.Lock()
 	n.msg.token++
 	tok := n.msg.token
@@ -435,28 +539,73 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 		delete(n.msg.rdv, tok)
 		n.msg.mu.Unlock()
 	}()
-	h.kind, h.rkey, h.token = msgRTS, mr.RKey(), tok
-	if err := n.sendSmall(ctx, p, &h, nil); err != nil {
-		return err
+	h.token = tok
+	if h.src == 0 && h.kind == msgData {
+		// A node outside the meta service (a benchmark client) cannot be
+		// answered: its message is sent as is, without a verdict.
+		h.token = 0
+		if err := n.sendSmall(ctx, p, &h, msg); err != nil {
+			return err
+		}
+		n.stats.msgSent.Add(1)
+		return nil
 	}
-	timeout, stop := clock.After(n.clock, n.cfg.MsgTimeout)
-	defer stop()
-	select {
-	case st := <-ch:
+	backoff := time.Millisecond
+	full := false // the port was full at least once
+	portFull := func() error {
+		return fmt.Errorf("%w: port %d on gid %d (%d queued) until %v", ErrPortFull, port, gid, n.cfg.PortDepth, context.Cause(ctx))
+	}
+	for {
+		payload := msg
+		if h.kind == msgRTS {
+			payload = nil
+		}
+		if err := n.sendSmall(ctx, p, &h, payload); err != nil {
+			if full && ctx.Err() != nil {
+				return portFull()
+			}
+			return err
+		}
+		timeout, stop := clock.After(n.clock, n.cfg.MsgTimeout)
+		var st uint8
+		select {
+		case st = <-ch:
+			stop()
+		case <-ctx.Done():
+			stop()
+			if full {
+				return portFull()
+			}
+			return ctx.Err()
+		case <-timeout:
+			if h.kind == msgData {
+				return fmt.Errorf("%w: no answer from the receiver within %v", ErrTimeout, n.cfg.MsgTimeout)
+			}
+			return fmt.Errorf("%w: receiver did not pull the message within %v", ErrTimeout, n.cfg.MsgTimeout)
+		}
 		switch st {
 		case finOK:
 			n.stats.msgSent.Add(1)
-			n.stats.msgRendezvous.Add(1)
+			if h.kind == msgRTS {
+				n.stats.msgRendezvous.Add(1)
+			}
 			return nil
 		case finNoPort:
 			return fmt.Errorf("%w: %d on gid %d", ErrNoPort, port, gid)
+		case finFull:
+			full = true
+			n.stats.msgFullRetries.Add(1)
+			wait, stop := clock.After(n.clock, backoff)
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				stop()
+				return portFull()
+			}
+			backoff = min(2*backoff, 50*time.Millisecond)
 		default:
 			return fmt.Errorf("%w: the receiver could not pull the message", ErrRemote)
 		}
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timeout:
-		return fmt.Errorf("%w: receiver did not pull the message within %v", ErrTimeout, n.cfg.MsgTimeout)
 	}
 }
 
@@ -514,6 +663,67 @@ func (n *Node) pull(ctx context.Context, im *inMsg, dst []byte) error {
 		n.stats.msgFINErrors.Add(1)
 	}
 	return o.err
+}
+
+// stageUnread pulls a large message that is still queued (no reader took
+// it in MsgStageAfter) into the receiver's own memory, if the staging
+// budget MsgStageMax allows; the sender's Send then completes.
+func (n *Node) stageUnread(pt *Port, from uint32, token uint64) {
+	pt.mu.Lock()
+	i := -1
+	for k := range pt.q {
+		if pt.q[k].kind == msgRTS && pt.q[k].from == from && pt.q[k].token == token && pt.q[k].st == nil {
+			i = k
+			break
+		}
+	}
+	if i < 0 || pt.closed {
+		pt.mu.Unlock()
+		return // taken by a reader meanwhile
+	}
+	im := pt.q[i]
+	m := &n.msg
+	m.mu.Lock()
+	if m.staged+int64(im.n) > int64(n.cfg.MsgStageMax) {
+		m.mu.Unlock()
+		pt.mu.Unlock()
+		n.stats.msgStageFull.Add(1)
+		return // the sender keeps waiting for a reader
+	}
+	m.staged += int64(im.n)
+	m.mu.Unlock()
+	st := &stage{done: make(chan struct{})}
+	pt.q[i].st = st
+	pt.mu.Unlock()
+	if !n.goSafe(func() {
+		ctx, cancel := clock.WithTimeout(n.ctx, n.clock, n.cfg.MsgTimeout)
+		defer cancel()
+		st.data = make([]byte, im.n)
+		st.err = n.pull(ctx, &im, st.data)
+		if st.err == nil {
+			n.stats.msgStaged.Add(1)
+		}
+		close(st.done)
+	}) {
+		st.err = ErrClosed
+		close(st.done)
+	}
+}
+
+// unstage gives a staged message's bytes back to the budget.
+func (n *Node) unstage(st *stage) {
+	n.msg.mu.Lock()
+	n.msg.staged -= int64(len(st.data))
+	n.msg.mu.Unlock()
+	st.data = nil
+}
+
+// withdrawn reports whether a pull failed because the sender's buffer was
+// no longer registered (it gave up waiting): the READ met an access error
+// at the sender.
+func withdrawn(err error) bool {
+	var re *RemoteError
+	return errors.As(err, &re) && re.Status == verbs.StatusRemAccessErr && re.Reason == verbs.ReasonRKey
 }
 
 // sendFIN tells a rendezvous sender the outcome (goroutine).

@@ -31,7 +31,9 @@ func TestMessagesAroundThreshold(t *testing.T) {
 
 func testMessagesAroundThreshold(t *testing.T, c *cluster) {
 	const thr = qpcore.DefaultMsgThreshold
-	a := c.add(1, 0, qpcore.Config{})
+	// No staging: every large message here is for a reader that waits
+	// (or soon will), and must arrive zero-copy.
+	a := c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
 	b := c.add(2, 0, qpcore.Config{})
 	ctx := ctxT(t, 20*time.Second)
 	port, err := a.n.Bind(7)

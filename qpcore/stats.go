@@ -29,9 +29,11 @@ type counters struct {
 
 	dirReads, dirTorn, dirHints atomic.Uint64
 
-	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed atomic.Uint64
-	msgSmallBytes, msgSmallCopied, msgLargeBytes              atomic.Uint64
-	msgFINErrors, msgRepostErrors                             atomic.Uint64
+	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed    atomic.Uint64
+	msgSmallBytes, msgSmallCopied, msgLargeBytes, msgLargeCopied atomic.Uint64
+	msgFINErrors, msgRepostErrors                                atomic.Uint64
+	msgRefused, msgFullRetries                                   atomic.Uint64
+	msgStaged, msgStageFull                                      atomic.Uint64
 }
 
 // reject counts a pre-check refusal.
@@ -106,11 +108,21 @@ type Stats struct {
 	// default region answered by the meta entry's hint (no directory READ).
 	DirReads, DirTorn, DirHints uint64
 
-	// Messages sent and received, by rendezvous, dropped (no port),
+	// Messages sent and received, by rendezvous, dropped (queued on a
+	// port that was closed, or a rendezvous its sender withdrew),
 	// malformed; payload bytes delivered and bytes copied by qpcore on
-	// each path (small: sender bounce + receiver copy; large: none).
+	// each path (small: sender bounce + receiver copy; large: none, but
+	// for staged messages).
 	MsgSent, MsgRecv, MsgRendezvous, MsgDropped, MsgMalformed    uint64
 	MsgSmallBytes, MsgSmallCopied, MsgLargeBytes, MsgLargeCopied uint64
+	// MsgRefused counts messages this node refused (no such port, or the
+	// port's queue full); MsgFullRetries the sends this node repeated
+	// because the peer's port was full.
+	MsgRefused, MsgFullRetries uint64
+	// MsgStaged counts large messages pulled ahead of their reader (no
+	// reader waited for them; see Config.MsgStageAfter), MsgStageFull
+	// the ones left to wait because MsgStageMax bytes were staged.
+	MsgStaged, MsgStageFull uint64
 
 	// Local buffer registrations: cache hits, misses, evictions, buffers
 	// too large to cache (registered per operation), and what the cache
@@ -149,6 +161,9 @@ func (n *Node) Stats() Stats {
 		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
 		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
 		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
+		MsgLargeCopied: c.msgLargeCopied.Load(),
+		MsgRefused:     c.msgRefused.Load(), MsgFullRetries: c.msgFullRetries.Load(),
+		MsgStaged: c.msgStaged.Load(), MsgStageFull: c.msgStageFull.Load(),
 	}
 	s.VQPsOpen = int(c.vqpsOpen.Load())
 	n.mu.Lock()

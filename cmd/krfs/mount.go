@@ -148,6 +148,7 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 		ops := node.NewOpMetrics()
 		_, stop, err := node.ServeMetrics(log, f.metricsAddr, node.Registry(n, ops))
 		if err != nil {
+			n.CloseAndDiscard()
 			return fmt.Errorf("--metrics-addr %s: %w", f.metricsAddr, err)
 		}
 		defer stop()
@@ -157,6 +158,7 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	srv, err := fs.Mount(mnt, backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
 		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf})
 	if err != nil {
+		n.CloseAndDiscard() // a failed mount leaves no region directory behind
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
@@ -175,12 +177,14 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	select {
 	case s := <-sigs:
 		log.Infof("%v: unmounting %s", s, mnt)
+		if err := srv.Unmount(); err != nil {
+			log.Warnf("unmount %s: %v; detaching it", mnt, err)
+			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		}
 	case <-served:
+		// umount(8) already took the mount away: unmounting again would
+		// fail with EINVAL (after go-fuse's retries) and log a warning.
 		log.Infof("%s was unmounted", mnt)
-	}
-	if err := srv.Unmount(); err != nil {
-		log.Warnf("unmount %s: %v; detaching it", mnt, err)
-		_ = unix.Unmount(mnt, unix.MNT_DETACH)
 	}
 	return nil
 }

@@ -45,9 +45,14 @@ const MaxSize = 1 << 40
 // run keeps its own mode; chmod regions/mem changes it.
 const DefaultMode = 0o644
 
-// Store is a directory of region files.
+// Store is a directory of region files, held by one daemon at a time: Open
+// takes an exclusive lock (flock) on the file .lock in it, which records
+// the holder's pid, and Close releases it. A second Open of the same
+// directory, from this process or another, fails at once with ErrInUse.
 type Store struct {
-	dir string
+	dir     string
+	lock    *os.File
+	created bool // Open made the directory
 
 	mu      sync.Mutex // guards regions
 	regions map[string]*Region
@@ -76,12 +81,63 @@ func ValidName(name string) bool {
 	return true
 }
 
-// Open opens (creating it if needed) the store in dir.
+// LockFile is the name of a store's lock file.
+const LockFile = ".lock"
+
+// ErrInUse is the error of Open and Purge on a store another daemon holds.
+var ErrInUse = errors.New("in use by another krfs daemon")
+
+// Open opens (creating it if needed) the store in dir and locks it. If
+// another daemon holds it, Open fails at once with an error wrapping
+// ErrInUse that names that daemon's pid.
 func Open(dir string) (*Store, error) {
+	created := false
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		created = true
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("shm: store %s: %w", dir, err)
 	}
-	return &Store{dir: dir, regions: map[string]*Region{}}, nil
+	lock, err := lockDir(dir)
+	if err != nil {
+		if created {
+			os.Remove(dir)
+		}
+		return nil, err
+	}
+	return &Store{dir: dir, lock: lock, created: created, regions: map[string]*Region{}}, nil
+}
+
+// lockDir takes the store's lock without waiting and writes this
+// process's pid into the lock file.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shm: locking store %s: %w", dir, err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		b := make([]byte, 32)
+		k, _ := f.ReadAt(b, 0)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			holder := strings.TrimSpace(string(b[:k]))
+			if holder == "" {
+				holder = "unknown"
+			}
+			return nil, fmt.Errorf("shm: region directory %s is %w (pid %s); give this node its own --shm-dir: %w",
+				dir, ErrInUse, holder, syscall.EBUSY)
+		}
+		return nil, fmt.Errorf("shm: locking store %s: %w", dir, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	return f, nil
 }
 
 // Dir is the store's directory.
@@ -102,6 +158,18 @@ func (s *Store) Names() ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// Mapped lists the regions the store has mapped, sorted.
+func (s *Store) Mapped() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.regions))
+	for n := range s.regions {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Path is the file behind a region, for local programs to mmap.
@@ -333,7 +401,7 @@ func (s *Store) Remove(name string) error {
 	return err
 }
 
-// Close unmaps every region; the files stay.
+// Close unmaps every region and releases the lock; the files stay.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -341,7 +409,84 @@ func (s *Store) Close() error {
 		r.close()
 		delete(s.regions, n)
 	}
+	if s.lock != nil {
+		s.lock.Close() // releases the flock
+		s.lock = nil
+	}
 	return nil
+}
+
+// Discard closes the store and, if Open created its directory, removes
+// the directory with every region in it: what a daemon that failed to
+// start does, so that it leaves nothing behind. A directory that existed
+// before (an earlier run's regions) is kept.
+func (s *Store) Discard() error {
+	s.mu.Lock()
+	for n, r := range s.regions {
+		r.close()
+		delete(s.regions, n)
+	}
+	s.mu.Unlock()
+	var err error
+	if s.created {
+		err = removeStore(s.dir) // still under our lock
+	}
+	s.Close()
+	return err
+}
+
+// removeStore deletes the region files and the lock file of dir, then dir
+// itself; files that are not a store's are left, and so is dir then.
+func removeStore(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() && (ValidName(e.Name()) || e.Name() == LockFile) {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.Remove(dir); err != nil {
+		return fmt.Errorf("shm: %s holds files that are not regions, kept: %w", dir, err)
+	}
+	return nil
+}
+
+// Purge frees the memory of the store in dir: it deletes every region
+// file, the lock and the directory. It refuses (ErrInUse) while a daemon
+// holds the store. The regions' contents are lost.
+func Purge(dir string) error {
+	if st, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("shm: purge %s: %w", dir, err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("shm: purge %s: not a directory: %w", dir, syscall.ENOTDIR)
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	return removeStore(dir)
+}
+
+// Stores lists the store directories under the default base (the
+// directories DefaultDir names: krfs-*), held or not.
+func Stores() ([]string, error) {
+	base := defaultBase()
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "krfs-") {
+			out = append(out, filepath.Join(base, e.Name()))
+		}
+	}
+	return out, nil
 }
 
 func (r *Region) close() {
@@ -352,11 +497,16 @@ func (r *Region) close() {
 	r.file.Close()
 }
 
-// DefaultDir is the store directory of node gid under /dev/shm.
+// DefaultDir is the store directory of node gid under /dev/shm (or the
+// temporary directory where /dev/shm does not exist): krfs-GID.
 func DefaultDir(gid uint32) string {
+	return filepath.Join(defaultBase(), fmt.Sprintf("krfs-%d", gid))
+}
+
+func defaultBase() string {
 	base := "/dev/shm"
 	if st, err := os.Stat(base); err != nil || !st.IsDir() {
 		base = os.TempDir()
 	}
-	return filepath.Join(base, "krfs-"+strings.TrimSpace(fmt.Sprint(gid)))
+	return base
 }
