@@ -36,14 +36,25 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck staticcheck tools fuzz-short fuzz bench gobench clean demo install rdma-check
+.PHONY: man build test lint vet fmtcheck staticcheck tools fuzz-short fuzz bench gobench clean demo install rdma-check
+
+# What `krfs version` prints: git describe, the commit and its date.
+KRFS_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+KRFS_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+KRFS_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
+KRFS_LDFLAGS = -X main.Version=$(KRFS_VERSION) -X main.Commit=$(KRFS_COMMIT) -X main.BuildDate=$(KRFS_DATE)
 
 build:
 	$(GO) build ./...
 	@if [ -d cmd/krfs ]; then \
 		mkdir -p bin && echo "$(GO) build -o bin/krfs ./cmd/krfs" && \
-		$(GO) build -o bin/krfs ./cmd/krfs; \
+		$(GO) build -ldflags '$(KRFS_LDFLAGS)' -o bin/krfs ./cmd/krfs; \
 	fi
+
+# Man pages of krfs and every subcommand into man/ (krfs man DIR).
+man: build
+	bin/krfs man man
+	@echo "man pages in man/: man -l man/krfs.8"
 
 test: lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -27,6 +27,9 @@ type Options struct {
 	Debug bool
 	// Name is the fuse.<Name> filesystem type shown in the mount table.
 	Name string
+	// MountOptions are generic mount options for the kernel: nosuid,
+	// nodev, noexec, suid, dev, exec (nosuid and nodev are the default).
+	MountOptions []string
 	// Logf, if set, receives a line for each refused request an operator
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
@@ -75,6 +78,7 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	if o.DefaultPermissions {
 		opts.MountOptions.Options = append(opts.MountOptions.Options, "default_permissions")
 	}
+	opts.MountOptions.Options = append(opts.MountOptions.Options, o.MountOptions...)
 	return gofs.Mount(dir, root, opts)
 }
 
