@@ -79,7 +79,80 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 		opts.MountOptions.Options = append(opts.MountOptions.Options, "default_permissions")
 	}
 	opts.MountOptions.Options = append(opts.MountOptions.Options, o.MountOptions...)
-	return gofs.Mount(dir, root, opts)
+	// Attributes go through attrFiller; READDIRPLUS would hand the kernel
+	// attributes past it, so ls -l looks each entry up instead.
+	opts.MountOptions.DisableReadDirPlus = true
+	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now()}
+	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// attrFiller completes the attributes every node returns with what a
+// file's attributes must say and krfs does not track: a link count (1 for
+// a file, 2 for a directory) and, when a node sets no times, the mount
+// time for mtime, ctime and atime (not 1970).
+type attrFiller struct {
+	fuse.RawFileSystem
+	mounted time.Time
+}
+
+func (a *attrFiller) fill(at *fuse.Attr) {
+	if at.Nlink == 0 {
+		at.Nlink = 1
+		if at.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			at.Nlink = 2
+		}
+	}
+	if at.Mtime == 0 && at.Ctime == 0 {
+		sec, nsec := uint64(a.mounted.Unix()), uint32(a.mounted.Nanosecond())
+		at.Mtime, at.Mtimensec, at.Ctime, at.Ctimensec = sec, nsec, sec, nsec
+		if at.Atime == 0 {
+			at.Atime, at.Atimensec = sec, nsec
+		}
+	}
+}
+
+func (a *attrFiller) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	st := a.RawFileSystem.Lookup(cancel, h, name, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := a.RawFileSystem.GetAttr(cancel, in, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := a.RawFileSystem.SetAttr(cancel, in, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	st := a.RawFileSystem.Create(cancel, in, name, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+	st := a.RawFileSystem.Mknod(cancel, in, name, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+	st := a.RawFileSystem.Mkdir(cancel, in, name, out)
+	a.fill(&out.Attr)
+	return st
 }
 
 // errno maps a backend error to the errno a file operation returns.

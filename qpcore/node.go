@@ -71,6 +71,8 @@ type Node struct {
 // rcService is the connection-manager service qpcore's RC QPs connect to.
 const rcService = 0x4b524301
 
+func init() { verbs.RegisterServiceName(rcService, "qpcore's RC connection service") }
+
 // NewNode builds a node on dev: a DCT with its SRQ, cfg.DCIs DCIs, the
 // region directory, posted receive buffers, and the connection-manager
 // listener for RC QPs. res resolves peers. The caller keeps ownership of
