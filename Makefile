@@ -56,10 +56,18 @@ man: build
 	bin/krfs man man
 	@echo "man pages in man/: man -l man/krfs.8"
 
+# go test prints a package's line only when it is done, and building
+# everything with -race comes first: a heartbeat says it is still working.
 test: lint
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@echo "make test: go test -race ./... (the -race build comes first; a line per package as each finishes, a heartbeat every 30 s)"
+	@( while sleep 30; do echo "make test: still testing ($$(date +%T); go test runs the packages in parallel)"; done ) & hb=$$!; \
+	if $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; then rc=0; else rc=$$?; fi; \
+	kill $$hb 2>/dev/null || true; \
+	if [ $$rc != 0 ]; then echo "make test: go test FAILED (exit $$rc)"; exit $$rc; fi
+	@echo "make test: go test passed; now rdma-check and fuzz-short"
 	@$(MAKE) --no-print-directory rdma-check
 	@$(MAKE) --no-print-directory fuzz-short
+	@echo "make test: all passed"
 
 # The libibverbs backend (verbs/rdma, build tag rdma): build and vet every
 # package with the tag, then run the tests that use it. Without an RNIC
@@ -125,7 +133,9 @@ fuzz-short:
 fuzz:
 	@$(call run_fuzz,$(ALL_FUZZ_PKGS),$(LONG_FUZZTIME))
 
-# The main job end to end on one node with the embedded meta service.
+# The main job end to end on one node with the embedded meta service;
+# prints each command and its output and ends with OK or FAILED. Uses
+# bin/krfs (make build; make clean removes it).
 demo: build
 	scripts/demo.sh
 
