@@ -23,7 +23,9 @@ func TestFSOnMount(t *testing.T) {
 	bin := build(t, top)
 	ns := privateNS(t, "fstest")
 	mnt := t.TempDir()
-	startNSMount(t, bin, ns, mnt, "--gid", "5", "--shm-dir", t.TempDir(), "--mem-size", "64K")
+	// A small region: fstest's iotest.TestReader reads it byte by byte at
+	// many offsets, each a FUSE request and an RDMA READ.
+	startNSMount(t, bin, ns, mnt, "--gid", "5", "--shm-dir", t.TempDir(), "--mem-size", "1K")
 	if err := os.WriteFile(filepath.Join(mnt, "regions/mem"), []byte("fstest was here"), 0); err != nil {
 		t.Fatal(err)
 	}
