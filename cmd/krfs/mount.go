@@ -247,12 +247,13 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	select {
 	case s := <-sigs:
 		log.Infof("%v: unmounting %s", s, mnt)
+		if err := srv.Unmount(); err != nil {
+			log.Warnf("unmount %s: %v; detaching it", mnt, err)
+			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		}
 	case <-served:
+		// umount(8) already unmounted it: nothing left to undo.
 		log.Infof("%s was unmounted", mnt)
-	}
-	if err := srv.Unmount(); err != nil {
-		log.Warnf("unmount %s: %v; detaching it", mnt, err)
-		_ = unix.Unmount(mnt, unix.MNT_DETACH)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -111,5 +113,39 @@ func TestHelpEverywhere(t *testing.T) {
 	out.Reset()
 	if code := run([]string{"krfs", "version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "krfs ") {
 		t.Fatalf("version: %d %q", code, out.String())
+	}
+}
+
+// TestResolveMeta: --meta takes IPs and names; a name that does not
+// resolve is a clear error, a malformed entry a usage error.
+func TestResolveMeta(t *testing.T) {
+	got, err := resolveMeta("10.0.0.1:4791, localhost:4790")
+	if err != nil || len(got) != 2 || got[0].String() != "10.0.0.1:4791" || got[1].Port() != 4790 || !got[1].Addr().IsLoopback() {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	if _, err := resolveMeta("no-such-host.invalid:4791"); err == nil || !strings.Contains(err.Error(), "cannot resolve") {
+		t.Fatalf("unresolvable name: %v", err)
+	}
+	for _, bad := range []string{"host", "host:port", ":4791", "10.0.0.1:99999"} {
+		if _, err := resolveMeta(bad); !errors.Is(err, errUsage) {
+			t.Errorf("resolveMeta(%q): %v, want a usage error", bad, err)
+		}
+	}
+}
+
+// TestBenchListenFollowsRoute: API mode's --listen defaults to the
+// address the route to the meta service leaves from, not 127.0.0.1.
+func TestBenchListenFollowsRoute(t *testing.T) {
+	o, err := parseBenchArgs([]string{"read_lat", "--meta", "127.0.0.2:4791", "--gid", "2"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := routeSource(netip.MustParseAddrPort("127.0.0.2:4791"))
+	if err != nil || o.Listen != netip.AddrPortFrom(src, 0).String() {
+		t.Fatalf("listen %q, route source %v %v", o.Listen, src, err)
+	}
+	o, err = parseBenchArgs([]string{"read_lat", "--meta", "127.0.0.2:4791", "--gid", "2", "--listen", "127.0.0.1:5000"}, io.Discard)
+	if err != nil || o.Listen != "127.0.0.1:5000" {
+		t.Fatalf("an explicit --listen: %q %v", o.Listen, err)
 	}
 }
