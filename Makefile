@@ -36,19 +36,38 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 ALL_FUZZ_PKGS = $(shell grep -rl --include='*_test.go' -E '^func Fuzz[A-Z0-9_]' . 2>/dev/null \
 	| grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: build test lint vet fmtcheck staticcheck tools fuzz-short fuzz bench gobench clean demo install rdma-check
+.PHONY: man build test lint vet fmtcheck staticcheck tools fuzz-short fuzz bench gobench clean demo install rdma-check
+
+# What `krfs version` prints: git describe, the commit and its date.
+KRFS_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+KRFS_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+KRFS_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
+KRFS_LDFLAGS = -X main.Version=$(KRFS_VERSION) -X main.Commit=$(KRFS_COMMIT) -X main.BuildDate=$(KRFS_DATE)
 
 build:
 	$(GO) build ./...
 	@if [ -d cmd/krfs ]; then \
 		mkdir -p bin && echo "$(GO) build -o bin/krfs ./cmd/krfs" && \
-		$(GO) build -o bin/krfs ./cmd/krfs; \
+		$(GO) build -ldflags '$(KRFS_LDFLAGS)' -o bin/krfs ./cmd/krfs; \
 	fi
 
+# Man pages of krfs and every subcommand into man/ (krfs man DIR).
+man: build
+	bin/krfs man man
+	@echo "man pages in man/: man -l man/krfs.8"
+
+# go test prints a package's line only when it is done, and building
+# everything with -race comes first: a heartbeat says it is still working.
 test: lint
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@echo "make test: go test -race ./... (the -race build comes first; a line per package as each finishes, a heartbeat every 30 s)"
+	@( while sleep 30; do echo "make test: still testing ($$(date +%T); go test runs the packages in parallel)"; done ) & hb=$$!; \
+	if $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; then rc=0; else rc=$$?; fi; \
+	kill $$hb 2>/dev/null || true; \
+	if [ $$rc != 0 ]; then echo "make test: go test FAILED (exit $$rc)"; exit $$rc; fi
+	@echo "make test: go test passed; now rdma-check and fuzz-short"
 	@$(MAKE) --no-print-directory rdma-check
 	@$(MAKE) --no-print-directory fuzz-short
+	@echo "make test: all passed"
 
 # The libibverbs backend (verbs/rdma, build tag rdma): build and vet every
 # package with the tag, then run the tests that use it. Without an RNIC
@@ -114,7 +133,9 @@ fuzz-short:
 fuzz:
 	@$(call run_fuzz,$(ALL_FUZZ_PKGS),$(LONG_FUZZTIME))
 
-# The main job end to end on one node with the embedded meta service.
+# The main job end to end on one node with the embedded meta service;
+# prints each command and its output and ends with OK or FAILED. Uses
+# bin/krfs (make build; make clean removes it).
 demo: build
 	scripts/demo.sh
 

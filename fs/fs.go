@@ -31,6 +31,9 @@ type Options struct {
 	// fails with EFBIG (default DefaultMaxRegionSize). The backend may
 	// refuse smaller sizes too (node.Config.MaxRegionSize).
 	MaxRegionSize int64
+	// MountOptions are generic mount options for the kernel: nosuid,
+	// nodev, noexec, suid, dev, exec (nosuid and nodev are the default).
+	MountOptions []string
 	// Logf, if set, receives a line for each refused request an operator
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
@@ -85,7 +88,81 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	if o.DefaultPermissions {
 		opts.MountOptions.Options = append(opts.MountOptions.Options, "default_permissions")
 	}
-	return gofs.Mount(dir, root, opts)
+	opts.MountOptions.Options = append(opts.MountOptions.Options, o.MountOptions...)
+	// Attributes go through attrFiller; READDIRPLUS would hand the kernel
+	// attributes past it, so ls -l looks each entry up instead.
+	opts.MountOptions.DisableReadDirPlus = true
+	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now()}
+	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// attrFiller completes the attributes every node returns with what a
+// file's attributes must say and krfs does not track: a link count (1 for
+// a file, 2 for a directory) and, when a node sets no times, the mount
+// time for mtime, ctime and atime (not 1970).
+type attrFiller struct {
+	fuse.RawFileSystem
+	mounted time.Time
+}
+
+func (a *attrFiller) fill(at *fuse.Attr) {
+	if at.Nlink == 0 {
+		at.Nlink = 1
+		if at.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			at.Nlink = 2
+		}
+	}
+	if at.Mtime == 0 && at.Ctime == 0 {
+		sec, nsec := uint64(a.mounted.Unix()), uint32(a.mounted.Nanosecond())
+		at.Mtime, at.Mtimensec, at.Ctime, at.Ctimensec = sec, nsec, sec, nsec
+		if at.Atime == 0 {
+			at.Atime, at.Atimensec = sec, nsec
+		}
+	}
+}
+
+func (a *attrFiller) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	st := a.RawFileSystem.Lookup(cancel, h, name, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := a.RawFileSystem.GetAttr(cancel, in, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := a.RawFileSystem.SetAttr(cancel, in, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	st := a.RawFileSystem.Create(cancel, in, name, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+	st := a.RawFileSystem.Mknod(cancel, in, name, out)
+	a.fill(&out.Attr)
+	return st
+}
+
+func (a *attrFiller) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+	st := a.RawFileSystem.Mkdir(cancel, in, name, out)
+	a.fill(&out.Attr)
+	return st
 }
 
 // errno maps a backend error to the errno a file operation returns.

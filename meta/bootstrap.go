@@ -4,11 +4,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // DefaultService is the connection-manager service number a meta server
 // listens on ("KRMS").
 const DefaultService = 0x4b524d53
+
+func init() { verbs.RegisterServiceName(DefaultService, "the krfs meta service") }
 
 // Bootstrap is what a node learns about a meta server when it connects:
 // the connection manager's reply carries it as private data. It is

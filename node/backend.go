@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -247,8 +248,11 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		if err != nil {
 			return err
 		}
+		// json.Number keeps counters exact (6561369026, not 6.561369026e+09).
 		var m map[string]any
-		if json.Unmarshal(raw, &m) != nil {
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.UseNumber()
+		if d.Decode(&m) != nil {
 			continue
 		}
 		keys := make([]string, 0, len(m))

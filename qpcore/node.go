@@ -74,8 +74,11 @@ type Node struct {
 // rcService is the connection-manager service qpcore's RC QPs connect to.
 const rcService = 0x4b524301
 
+func init() { verbs.RegisterServiceName(rcService, "qpcore's RC connection service") }
+
 // NewNode builds a node on dev: a DCT with its SRQ, cfg.DCIs DCIs (with
-// cfg.NoDC only the SRQ and no DCI), the region directory, posted receive buffers, and the connection-manager
+// cfg.NoDC only the SRQ and no DCI), the region directory, posted receive
+// buffers, and the connection-manager
 // listener for RC QPs. res resolves peers. The caller keeps ownership of
 // dev and closes it after Node.Close.
 func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {

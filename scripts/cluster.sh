@@ -115,7 +115,7 @@ restart() {
 	stop_pid "$DIR/h$i.pid"
 	start_host "$i"
 	wait_mounted "$DIR/h$i" "$DIR/h$i.log" "$(cat "$DIR/h$i.pid")"
-	echo "host $i ($NET.$i): $DIR/h$i"
+	echo "host $i ($NET.$i, gid $i): $DIR/h$i"
 }
 
 restart_meta() {
@@ -167,7 +167,7 @@ up() {
 	done
 	for i in $(seq 1 "$n"); do
 		wait_mounted "$DIR/h$i" "$DIR/h$i.log" "$(cat "$DIR/h$i.pid")"
-		echo "host $i ($NET.$i): $DIR/h$i"
+		echo "host $i ($NET.$i, gid $i): $DIR/h$i"
 	done
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 )
 
@@ -607,4 +608,22 @@ type Device interface {
 	Stats() DeviceStats
 	QPs() []QPInfo
 	Close() error
+}
+
+// serviceNames maps connection-manager service numbers to what they are,
+// for error messages (RegisterServiceName).
+var serviceNames sync.Map // uint32 -> string
+
+// RegisterServiceName names a connection-manager service number in error
+// messages ("the krfs meta service" rather than a bare number). Packages
+// that listen on a fixed service call it from init.
+func RegisterServiceName(service uint32, name string) { serviceNames.Store(service, name) }
+
+// ServiceName is how error messages name a connection-manager service:
+// its registered name, or its number in hex.
+func ServiceName(service uint32) string {
+	if v, ok := serviceNames.Load(service); ok {
+		return v.(string)
+	}
+	return fmt.Sprintf("CM service %#x", service)
 }

@@ -1,10 +1,14 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
+	"net/netip"
+	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/krfs/krfs/internal/bench"
 	"github.com/krfs/krfs/internal/bench/report"
@@ -16,21 +20,17 @@ import (
 // scripts/bench.sh into results.json, results.md and plots. The suite
 // itself is package internal/bench; this file is its flags.
 
-// parseBenchArgs parses `krfs bench` arguments; the test name may come
-// before or after the flags.
-func parseBenchArgs(args []string, stderr io.Writer) (*bench.Opts, error) {
-	o := &bench.Opts{}
-	set := flag.NewFlagSet("krfs bench", flag.ContinueOnError)
-	set.SetOutput(stderr)
-	set.StringVar(&o.SizeStr, "s", "", "message size, like 8, 4K, 1M (default 8; 1M for *_bw)")
-	set.IntVar(&o.Iters, "n", 0, "iterations (default 1000 for latency tests, 5000 for bandwidth tests)")
-	set.BoolVar(&o.All, "a", false, "sweep sizes 8 B .. 1 MiB in powers of 2")
-	set.IntVar(&o.Outstanding, "t", 1, "operations outstanding (bandwidth tests)")
-	set.Float64Var(&o.Duration, "D", 0, "run each size for this many seconds instead of -n iterations")
+// registerBenchFlags registers the flags of `krfs bench` into o.
+func registerBenchFlags(set *pflag.FlagSet, o *bench.Opts) {
+	set.StringVarP(&o.SizeStr, "size", "s", "", "message size, like 8, 4K, 1M (default 8; 1M for *_bw)")
+	set.IntVarP(&o.Iters, "iters", "n", 0, "iterations (default 1000 for latency tests, 5000 for bandwidth tests)")
+	set.BoolVarP(&o.All, "all", "a", false, "sweep sizes 8 B .. 1 MiB in powers of 2")
+	set.IntVarP(&o.Outstanding, "outstanding", "t", 1, "operations outstanding (bandwidth tests)")
+	set.Float64VarP(&o.Duration, "duration", "D", 0, "run each size for this many seconds instead of -n iterations")
 	set.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of tables")
-	set.StringVar(&o.Meta, "meta", "", "API mode: meta service HOST:PORT[,HOST:PORT...] of the cluster")
+	set.StringVar(&o.Meta, "meta", "", "API mode: meta service HOST:PORT[,HOST:PORT...] of the cluster (names resolve)")
 	set.UintVar(&o.GID, "gid", 0, "API mode: gid of the node to benchmark against")
-	set.StringVar(&o.Listen, "listen", "127.0.0.1:0", "API mode: address of the bench process's own software NIC")
+	set.StringVar(&o.Listen, "listen", "", "API mode: address of the bench process's own software NIC (default: the address the route to the meta service leaves from, port 0)")
 	set.BoolVar(&o.Register, "register", false, "API mode: register the bench node with the meta service (deregistered at exit)")
 	set.StringVar(&o.Path, "path", "", "file mode: a region file (or, for send_lat, a port file) of a mounted krfs")
 	set.StringVar(&o.Region, "region", "mem", "API mode: the peer's region")
@@ -39,47 +39,94 @@ func parseBenchArgs(args []string, stderr io.Writer) (*bench.Opts, error) {
 	set.StringVar(&o.Progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	set.StringVar(&o.Transport, "transport", "auto", "API mode: auto (qpcore's hybrid policy), dc (never switch to RC), rc (make the peer hot first and wait for its RC QP)")
 	set.DurationVar(&o.Timeout, "timeout", 10*time.Second, "give up on one operation after this long")
-	set.Usage = func() {
-		fmt.Fprintln(stderr, "usage: krfs bench TEST [flags]  (API mode: --meta HOST:PORT --gid N; file mode: --path FILE)")
-		fmt.Fprintln(stderr, "tests:")
-		for _, t := range bench.Tests {
-			fmt.Fprintf(stderr, "  %-12s %s\n", t.Name, t.Help)
-		}
-		fmt.Fprintln(stderr, "  report DIR   (for scripts/bench.sh) write DIR/results.{json,md} and plots from DIR/raw")
-		fmt.Fprintln(stderr, "flags:")
-		set.PrintDefaults()
+}
+
+// benchLong lists the tests for `krfs bench --help`.
+func benchLong() string {
+	var b strings.Builder
+	b.WriteString("Perftest-style benchmarks: through the Go API against a node of a running\n")
+	b.WriteString("cluster (--meta HOST:PORT --gid N) or through the file interface of a\n")
+	b.WriteString("mounted krfs (--path FILE).\n\nTests:\n")
+	for _, t := range bench.Tests {
+		fmt.Fprintf(&b, "  %-14s %s\n", t.Name, t.Help)
 	}
-	pos, err := parseInterleaved(set, args)
-	if err != nil {
-		return nil, err
+	b.WriteString("  report DIR     (for scripts/bench.sh) write DIR/results.{json,md} and plots from DIR/raw\n")
+	return b.String()
+}
+
+func benchCmd(stdout, stderr io.Writer) *cobra.Command {
+	o := &bench.Opts{}
+	cmd := &cobra.Command{
+		Use:     "bench TEST [flags]",
+		Short:   "Perftest-style benchmarks (API mode: --meta HOST:PORT --gid N; file mode: --path FILE)",
+		Long:    benchLong(),
+		Example: "  krfs bench read_lat --path /mnt/krfs/peers/$(ls /mnt/krfs/peers | head -1)/mem\n  krfs bench read_bw --meta 10.0.0.1:4791 --gid 2 -a --baseline",
+		Args:    cobra.ArbitraryArgs,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 && args[0] == "report" {
+				if len(args) != 2 {
+					return fmt.Errorf("%w: bench report DIR", errUsage)
+				}
+				return report.Dir(args[1], stdout)
+			}
+			if err := finishBenchArgs(o, args); err != nil {
+				return err
+			}
+			return bench.Main(o, stdout, stderr)
+		},
 	}
-	if len(pos) != 1 {
-		set.Usage()
-		return nil, fmt.Errorf("%w: one TEST expected, got %d", errUsage, len(pos))
+	registerBenchFlags(cmd.Flags(), o)
+	return cmd
+}
+
+// finishBenchArgs checks the positional arguments and the flags of `krfs
+// bench`, resolves --meta and picks --listen from the route to it.
+func finishBenchArgs(o *bench.Opts, args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("%w: one TEST expected, got %d (API mode: --meta HOST:PORT --gid N; file mode: --path FILE)", errUsage, len(args))
 	}
-	o.Test = pos[0]
+	o.Test = args[0]
+	var err error
 	if o.SizeStr != "" {
 		if o.Size, err = parseSize(o.SizeStr); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := o.Validate(); err != nil {
+	if o.Meta != "" {
+		servers, err := resolveMeta(o.Meta)
+		if err != nil {
+			return err
+		}
+		var list []string
+		for _, s := range servers {
+			list = append(list, s.String())
+		}
+		o.Meta = strings.Join(list, ",")
+		if o.Listen == "" && len(servers) > 0 {
+			src, err := routeSource(servers[0])
+			if err != nil {
+				return err
+			}
+			o.Listen = netip.AddrPortFrom(src, 0).String()
+		}
+	}
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:0"
+	}
+	return o.Validate()
+}
+
+// parseBenchArgs parses `krfs bench` arguments (tests use it).
+func parseBenchArgs(args []string, stderr io.Writer) (*bench.Opts, error) {
+	o := &bench.Opts{}
+	set := pflag.NewFlagSet("krfs bench", pflag.ContinueOnError)
+	set.SetOutput(stderr)
+	registerBenchFlags(set, o)
+	if err := set.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := finishBenchArgs(o, set.Args()); err != nil {
 		return nil, err
 	}
 	return o, nil
-}
-
-// runBench is `krfs bench`.
-func runBench(args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "report" {
-		if len(args) != 2 {
-			return fmt.Errorf("%w: bench report DIR", errUsage)
-		}
-		return report.Dir(args[1], stdout)
-	}
-	o, err := parseBenchArgs(args, stderr)
-	if err != nil {
-		return err
-	}
-	return bench.Main(o, stdout, stderr)
 }

@@ -2,29 +2,33 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
+
+	"github.com/spf13/cobra"
 
 	"github.com/krfs/krfs/verbs/rdma"
 )
 
 // runDevices is `krfs devices [-j]`: the RDMA devices this machine has,
 // their ports, GIDs and DC capability, as libibverbs reports them.
-func runDevices(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("devices", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("j", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
+func devicesCmd(stdout io.Writer) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "devices [-j]",
+		Short: "List RDMA devices (RNICs), their ports, GIDs and DC capability",
+		Args:  exactArgs(0, "no arguments"),
+		RunE:  func(*cobra.Command, []string) error { return runDevices(asJSON, stdout) },
 	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("%w: devices takes no arguments", errUsage)
-	}
+	cmd.Flags().BoolVarP(&asJSON, "json", "j", false, "print JSON")
+	return cmd
+}
+
+func runDevices(asJSON bool, stdout io.Writer) error {
 	devs, err := rdma.Devices()
 	switch {
 	case !rdma.Built:
-		if *asJSON {
+		if asJSON {
 			return json.NewEncoder(stdout).Encode(map[string]any{"rdma_support": false, "devices": []rdma.DeviceInfo{}})
 		}
 		fmt.Fprintln(stdout, "RDMA devices: unknown: this krfs was built without RDMA support (go build -tags rdma, needs libibverbs-dev).")
@@ -33,7 +37,7 @@ func runDevices(args []string, stdout, stderr io.Writer) error {
 	case err != nil:
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		if devs == nil {
 			devs = []rdma.DeviceInfo{}
 		}

@@ -6,98 +6,197 @@
 //	krfs atomic faa FILE OFFSET DELTA
 //	krfs atomic cas FILE OFFSET COMPARE SWAP
 //	krfs res MOUNTPOINT qp|mr|peer [-j]
+//	krfs bench TEST [flags]         perftest-style benchmarks
 //	krfs devices [-j]               list RDMA devices (RNICs)
+//	krfs completion bash|zsh|fish   shell completion script
+//	krfs man DIR                    write man pages into DIR
 //	krfs version
 //
-// Run `krfs CMD -h` for the flags of a command.
+// The command line is spf13/cobra: `krfs CMD --help` for any command,
+// flags before, between or after the arguments. Exit status: 0 success,
+// 1 failure (and `atomic cas` that did not swap), 2 bad usage.
+//
+// Installed as mount.fuse.krfs, the binary is mount(8)'s helper:
+// `mount -t fuse.krfs krfs DIR -o OPTS` runs `krfs mount DIR -o OPTS`.
 package main
 
 import (
+	"cmp"
 	"errors"
-	"flag"
 	"fmt"
-	"github.com/krfs/krfs/internal/bench"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
 	"github.com/sirupsen/logrus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/cobra/doc"
+	"github.com/spf13/pflag"
+
+	"github.com/krfs/krfs/internal/bench"
 )
 
-// Version is set at build time with -ldflags "-X main.Version=...".
-var Version = "dev"
+// Version, Commit and BuildDate are set by `make build` with -ldflags
+// "-X main.Version=..."; when empty, the build information Go records
+// (module version, vcs.revision, vcs.time) fills them.
+var Version, Commit, BuildDate = "", "", ""
 
-type command struct {
-	name  string
-	usage string
-	run   func(args []string, stdout, stderr io.Writer) error
-}
-
-var commands []command
-
-func init() {
-	commands = []command{
-		{"mount", "mount MOUNTPOINT [flags]: run a node and mount it", runMount},
-		{"meta", "meta --listen ADDR: run a standalone meta service", runMeta},
-		{"atomic", "atomic faa FILE OFFSET DELTA | atomic cas FILE OFFSET COMPARE SWAP", runAtomic},
-		{"res", "res MOUNTPOINT qp|mr|peer [-j]: list QPs, regions or peers, like rdma res show", runRes},
-		{"bench", "bench TEST [flags]: perftest-style benchmarks", runBench},
-		{"devices", "devices [-j]: list RDMA devices, ports, GIDs and DC capability", runDevices},
-		{"version", "version: print the version", func([]string, io.Writer, io.Writer) error {
-			fmt.Println("krfs", Version)
-			return nil
-		}},
-	}
-}
-
-// errUsage marks an error whose message is a usage hint (exit status 2).
-// errUsage marks command-line errors (exit status 2, usage printed).
+// errUsage marks command-line errors (exit status 2, one line and a hint
+// to run --help).
 var errUsage = bench.ErrUsage
+
+// mountArgs are the arguments of `krfs mount`, for --daemon.
+var mountArgs []string
+
+// errNotSwapped is `atomic cas` that found another value (exit status 1).
+var errNotSwapped = errors.New("not swapped")
 
 func main() {
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }
 
+// run runs the command line argv and returns the exit status.
 func run(argv []string, stdout, stderr io.Writer) int {
 	args := argv[1:]
 	if filepath.Base(argv[0]) == "mount.fuse.krfs" {
 		args = append([]string{"mount"}, mountHelperArgs(args)...)
 	}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
+	if len(args) > 0 && args[0] == "mount" {
+		mountArgs = args[1:] // what a --daemon child re-runs
+	}
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
 		return 0
 	}
-	for _, c := range commands {
-		if c.name == args[0] {
-			err := c.run(args[1:], stdout, stderr)
-			switch {
-			case err == nil:
-				return 0
-			case errors.Is(err, flag.ErrHelp):
-				return 0
-			case errors.Is(err, errUsage):
-				fmt.Fprintf(stderr, "krfs %s: %v\n", c.name, err)
-				return 2
-			default:
-				fmt.Fprintf(stderr, "krfs %s: %v\n", c.name, err)
-				return 1
+	name := "krfs"
+	if cmd != nil && cmd != root {
+		name = cmd.CommandPath()
+	}
+	if errors.Is(err, errNotSwapped) {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	if errors.Is(err, errUsage) || isCobraUsage(err) {
+		msg := strings.TrimPrefix(err.Error(), errUsage.Error()+": ")
+		fmt.Fprintf(stderr, "%s: %s\nRun '%s --help' for usage.\n", name, msg, name)
+		return 2
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	return 1
+}
+
+// isCobraUsage recognizes cobra's own command-line errors.
+func isCobraUsage(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "unknown command") || strings.HasPrefix(s, "unknown flag") ||
+		strings.HasPrefix(s, "unknown shorthand") || strings.Contains(s, "requires at least") ||
+		strings.HasPrefix(s, "accepts ")
+}
+
+// newRoot builds the command tree.
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "krfs",
+		Short: "KRCORE's RDMA control plane as a FUSE filesystem",
+		Long: `krfs runs a node that hands applications virtual QPs to any peer of the
+cluster through files: /MOUNT/peers/GID/REGION is a peer's memory region
+(pread, pwrite, atomics by ioctl), /MOUNT/regions/ this node's own regions,
+/MOUNT/ports/ its message ports.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_ = cmd.Help()
+			return fmt.Errorf("%w: no command given", errUsage)
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", errUsage, err) })
+	root.AddCommand(mountCmd(stdout, stderr), metaCmd(stderr), atomicCmd(stdout), resCmd(stdout),
+		benchCmd(stdout, stderr), devicesCmd(stdout), manCmd(), versionCmd(stdout))
+	return root
+}
+
+// exactArgs is cobra.ExactArgs with a usage error naming the arguments.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return fmt.Errorf("%w: want %s, got %d arguments", errUsage, what, len(args))
+		}
+		return nil
+	}
+}
+
+func versionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version, commit and build data",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintln(stdout, versionString())
+			return nil
+		},
+	}
+}
+
+// versionString is "krfs VERSION (commit C, DATE[, modified]) GO".
+func versionString() string {
+	v, rev, at, dirty, gov := Version, Commit, BuildDate, false, ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		gov = bi.GoVersion
+		if v == "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = cmp.Or(rev, s.Value)
+			case "vcs.time":
+				at = cmp.Or(at, s.Value)
+			case "vcs.modified":
+				dirty = s.Value == "true"
 			}
 		}
 	}
-	fmt.Fprintf(stderr, "krfs: unknown command %q\n", args[0])
-	usage(stderr)
-	return 2
+	if v == "" {
+		v = "(devel)"
+	}
+	out := "krfs " + v
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		out += " commit " + rev
+		if at != "" {
+			out += " built " + at
+		}
+		if dirty {
+			out += " (modified)"
+		}
+	} else {
+		out += " (no commit recorded: built outside a git checkout, with -buildvcs=false, or not by make)"
+	}
+	return out + " " + gov
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: krfs COMMAND [arguments]")
-	for _, c := range commands {
-		fmt.Fprintf(w, "  krfs %s\n", c.usage)
+func manCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "man DIR",
+		Short: "Write the man pages of krfs and its commands into DIR",
+		Args:  exactArgs(1, "DIR"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := os.MkdirAll(args[0], 0o755); err != nil {
+				return err
+			}
+			hdr := &doc.GenManHeader{Title: "KRFS", Section: "8", Source: "krfs " + Version}
+			return doc.GenManTree(cmd.Root(), hdr, args[0])
+		},
 	}
 }
 
@@ -106,7 +205,7 @@ type logFlags struct {
 	level, format string
 }
 
-func (l *logFlags) register(fs *flag.FlagSet) {
+func (l *logFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
 }
@@ -152,22 +251,4 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%w: size %q: want a number with an optional K, M, G or T suffix", errUsage, s)
 	}
 	return v * mul, nil
-}
-
-// parseInterleaved parses flags that may stand before, between or after
-// the positional arguments (krfs mount /mnt --gid 2, krfs mount --gid 2
-// /mnt) and returns the positional ones.
-func parseInterleaved(set *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for len(args) > 0 {
-		if err := set.Parse(args); err != nil {
-			return nil, err
-		}
-		args = set.Args()
-		if len(args) > 0 {
-			pos = append(pos, args[0])
-			args = args[1:]
-		}
-	}
-	return pos, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -12,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/meta"
@@ -19,19 +19,24 @@ import (
 )
 
 // runMeta is `krfs meta --listen ADDR`: a standalone meta service.
-func runMeta(args []string, stdout, stderr io.Writer) error {
-	set := flag.NewFlagSet("krfs meta", flag.ContinueOnError)
-	set.SetOutput(stderr)
-	listen := set.String("listen", "127.0.0.1:4790", "address of the meta service's software NIC")
-	keyFile := set.String("cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it")
+func metaCmd(stderr io.Writer) *cobra.Command {
+	var listen, keyFile string
 	var lf logFlags
-	lf.register(set)
-	if err := set.Parse(args); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:   "meta [--listen ADDR]",
+		Short: "Run a standalone meta service (stays in the foreground)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(*cobra.Command, []string) error {
+			return runMeta(&listen, &keyFile, &lf, stderr)
+		},
 	}
-	if set.NArg() != 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, set.Args())
-	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:4790", "address of the meta service's software NIC")
+	cmd.Flags().StringVar(&keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it")
+	lf.register(cmd.Flags())
+	return cmd
+}
+
+func runMeta(listen, keyFile *string, lf *logFlags, stderr io.Writer) error {
 	log, err := lf.logger(stderr)
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -14,13 +13,15 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/internal/shm"
+	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/qpcore"
-	"github.com/krfs/krfs/verbs/softnic"
 )
 
 type mountFlags struct {
@@ -39,12 +40,18 @@ type mountFlags struct {
 	metricsAddr string
 	daemon      bool
 	logFile     string
+	backend     string
+	device      string
+	port        int
+	gidIndex    int
+	options     []string // -o, mount(8) style
+	fuseOpts    []string // generic mount options handed to the kernel
 	log         logFlags
 }
 
-func (f *mountFlags) register(set *flag.FlagSet) {
-	set.StringVar(&f.meta, "meta", "", "meta service addresses HOST:PORT[,HOST:PORT...]; empty: run an embedded one on --listen")
-	set.StringVar(&f.listen, "listen", "127.0.0.1:4791", "address of this node's software NIC")
+func (f *mountFlags) register(set *pflag.FlagSet) {
+	set.StringVar(&f.meta, "meta", "", "meta service addresses HOST:PORT[,HOST:PORT...] (names resolve); empty: run an embedded one on --listen")
+	set.StringVar(&f.listen, "listen", "127.0.0.1:4791", "address of this node's software NIC (softnic), or of the rdma backend's connection manager")
 	set.UintVar(&f.gid, "gid", 0, "this node's gid (0: assigned by the meta service)")
 	set.StringVar(&f.memSize, "mem-size", "16M", "size of the default region mem (like 16M, 1G)")
 	set.StringVar(&f.shmDir, "shm-dir", "", "directory of the region files (default /dev/shm/krfs-GID)")
@@ -56,40 +63,102 @@ func (f *mountFlags) register(set *flag.FlagSet) {
 	set.IntVar(&f.rcCap, "rc-cap", 0, "most RC QPs this node opens (0: qpcore's default)")
 	set.BoolVar(&f.debugFUSE, "debug-fuse", false, "log every FUSE request")
 	set.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this HOST:PORT at /metrics (empty: off)")
-	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up")
+	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up (without it krfs mount stays in the foreground until unmounted or interrupted)")
 	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; /dev/null with --daemon)")
+	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma")
+	set.StringVar(&f.device, "device", "", "rdma: the RDMA device, like mlx5_0 (default: the first usable one)")
+	set.IntVar(&f.port, "port", 0, "rdma: the device's port number (0: the first active one)")
+	set.IntVar(&f.gidIndex, "gid-index", -1, "rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID, or GID 0 on InfiniBand)")
+	set.StringArrayVarP(&f.options, "options", "o", nil, "mount options OPT[,OPT...] as mount(8) gives them: krfs flags (meta=ADDR, gid=N, allow_other...) and generic ones (see krfs mount --help)")
+	// ADD FLAGS HERE: node.Config / fs.Options knobs (region limit,
+	// port queue depth, message size...) register next to this line and
+	// are copied into the configs in startNode and runMount.
 	f.log.register(set)
 }
 
-func runMount(args []string, stdout, stderr io.Writer) (err error) {
-	var f mountFlags
-	orig := append([]string(nil), args...)
+const mountLong = `Run a krfs node and mount its filesystem at MOUNTPOINT.
+
+krfs mount stays in the foreground until the filesystem is unmounted
+(umount MOUNTPOINT) or it gets SIGINT/SIGTERM; --daemon detaches and
+returns once the mount is up. Without --meta the node runs an embedded
+meta service on its own --listen address, which other nodes join with
+--meta.
+
+-o takes mount(8) options. krfs options are flag names with _ for -
+(meta=10.0.0.1:4791, gid=3, mem_size=1G, allow_other). Generic options:
+nosuid, nodev, noexec, suid, dev, exec are applied; rw, async, sync,
+atime, noatime, relatime, strictatime, nodiratime, lazytime are accepted
+(krfs keeps no access times, and every write has reached the peer's memory
+when it returns); ro is refused (peers write a node's regions). fstab-only
+options (_netdev, nofail, noauto, defaults, x-systemd.*) are ignored.`
+
+func mountCmd(stdout, stderr io.Writer) *cobra.Command {
+	f := &mountFlags{}
+	cmd := &cobra.Command{
+		Use:     "mount MOUNTPOINT [flags]",
+		Short:   "Run a node and mount its filesystem (stays in the foreground; --daemon detaches)",
+		Long:    mountLong,
+		Example: "  krfs mount /mnt/krfs\n  krfs mount /mnt/krfs --listen 10.0.0.2:4791 --meta 10.0.0.1:4791\n  mount -t fuse.krfs krfs /mnt/krfs -o meta=10.0.0.1:4791,noatime",
+		Args:    exactArgs(1, "one MOUNTPOINT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runMount(cmd, f, args[0], mountArgs, stdout, stderr)
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// applyOptions applies -o options: krfs ones set their flag, generic ones
+// are applied, accepted or refused with a one-line reason.
+func applyOptions(cmd *cobra.Command, f *mountFlags) error {
+	for _, list := range f.options {
+		for _, o := range strings.Split(list, ",") {
+			k, v, hasV := strings.Cut(strings.TrimSpace(o), "=")
+			switch {
+			case k == "":
+			case fstabOnly(k):
+			case k == "nosuid" || k == "nodev" || k == "noexec" || k == "suid" || k == "dev" || k == "exec":
+				f.fuseOpts = append(f.fuseOpts, k)
+			case k == "rw" || k == "async" || k == "sync" || k == "dirsync" || k == "atime" || k == "noatime" ||
+				k == "relatime" || k == "norelatime" || k == "strictatime" || k == "diratime" || k == "nodiratime" ||
+				k == "lazytime" || k == "nolazytime" || k == "silent" || k == "loud":
+			case k == "ro":
+				return fmt.Errorf("%w: mount option ro: krfs has no read-only mode (peers write this node's regions); use file modes", errUsage)
+			default:
+				name := strings.ReplaceAll(k, "_", "-")
+				fl := cmd.Flags().Lookup(name)
+				if fl == nil || name == "options" {
+					return fmt.Errorf("%w: unknown mount option %q (see krfs mount --help)", errUsage, k)
+				}
+				if !hasV {
+					if fl.Value.Type() != "bool" {
+						return fmt.Errorf("%w: mount option %s needs a value (%s=...)", errUsage, k, k)
+					}
+					v = "true"
+				}
+				if err := fl.Value.Set(v); err != nil {
+					return fmt.Errorf("%w: mount option %s=%s: %v", errUsage, k, v, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdout, stderr io.Writer) (err error) {
 	// A daemon child reports how the mount went to its parent.
 	ready := daemonChild()
 	if ready != nil {
 		defer func() { ready.done(err) }()
 	}
-	set := flag.NewFlagSet("krfs mount", flag.ContinueOnError)
-	set.SetOutput(stderr)
-	f.register(set)
-	set.Usage = func() {
-		fmt.Fprintln(stderr, "usage: krfs mount MOUNTPOINT [flags]")
-		set.PrintDefaults()
-	}
-	// Accept the mountpoint before or after the flags.
-	pos, err := parseInterleaved(set, args)
-	if err != nil {
+	if err := applyOptions(cmd, f); err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		set.Usage()
-		return fmt.Errorf("%w: one MOUNTPOINT expected, got %d", errUsage, len(pos))
 	}
 	if isMountHelper() {
 		f.daemon = true // mount(8) waits for its helper to exit
 	}
 	if f.daemon && ready == nil {
-		return daemonize(orig, &f, stdout)
+		return daemonize(orig, f, stdout)
 	}
 	logw := stderr
 	if f.logFile != "" && ready == nil {
@@ -117,18 +186,21 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	if f.gid > 1<<24 {
 		return fmt.Errorf("%w: --gid %d: want 1..%d", errUsage, f.gid, 1<<24)
 	}
+	backend, err := nic.ParseBackend(f.backend)
+	if err != nil {
+		return fmt.Errorf("%w: --backend: %v", errUsage, err)
+	}
 	listen, err := netip.ParseAddrPort(f.listen)
 	if err != nil || listen.Addr().IsUnspecified() {
 		return fmt.Errorf("%w: --listen %q: want a specific IP:PORT that peers can reach", errUsage, f.listen)
 	}
-	servers, err := node.ParseMeta(f.meta)
+	servers, err := resolveMeta(f.meta)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return err
 	}
 	if err := checkFUSE(); err != nil {
 		return err
 	}
-	mnt := pos[0]
 	cleaned, err := checkMountpoint(mnt)
 	if err != nil {
 		return err
@@ -137,13 +209,13 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 		log.Warnf("cleaned up a stale mount at %s left by a crashed daemon", mnt)
 	}
 
-	n, err := startNode(log, &f, listen, servers, mem)
+	n, err := startNode(log, f, backend, listen, servers, mem)
 	if err != nil {
 		return err
 	}
 	defer n.Close()
 
-	var backend fs.Backend = n
+	var be fs.Backend = n
 	if f.metricsAddr != "" {
 		ops := node.NewOpMetrics()
 		_, stop, err := node.ServeMetrics(log, f.metricsAddr, node.Registry(n, ops))
@@ -152,17 +224,17 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 			return fmt.Errorf("--metrics-addr %s: %w", f.metricsAddr, err)
 		}
 		defer stop()
-		backend = node.Metered(n, ops)
+		be = node.Metered(n, ops)
 	}
 
-	srv, err := fs.Mount(mnt, backend, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
-		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf})
+	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
+		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts})
 	if err != nil {
 		n.CloseAndDiscard() // a failed mount leaves no region directory behind
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
-		"meta": n.MetaDesc()}).Info("krfs mounted")
+		"meta": n.MetaDesc()}).Info("krfs mounted; serving in the foreground until unmounted or interrupted")
 	// Catch signals before telling anyone the mount is up: a stop request
 	// right after READY=1 must unmount, not kill the daemon.
 	sigs := make(chan os.Signal, 2)
@@ -191,20 +263,28 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 
 // startNode opens the NIC on listen and starts a node on it as the mount
 // flags say.
-func startNode(log *logrus.Logger, f *mountFlags, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*node.Node, error) {
+func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*node.Node, error) {
 	key, err := readClusterKey(f.keyFile)
 	if err != nil {
 		return nil, err
 	}
-	dev, err := softnic.OpenUDPKey(listen.String(), key)
-	if err != nil {
-		if errors.Is(err, unix.EADDRINUSE) {
-			return nil, fmt.Errorf("--listen %v is in use (another krfs node?): %w", listen, err)
-		}
-		return nil, fmt.Errorf("opening the NIC on %v: %w", listen, err)
+	opened, err := nic.Open(nic.Options{Backend: backend, Listen: listen.String(), ClusterKey: key,
+		Device: f.device, Port: f.port, GIDIndex: f.gidIndex})
+	switch {
+	case errors.Is(err, unix.EADDRINUSE):
+		return nil, fmt.Errorf("--listen %v is in use (another krfs node?): %w", listen, err)
+	case errors.Is(err, nic.ErrRDMAUnavailable):
+		return nil, fmt.Errorf("--backend %s: %w", backend, err)
+	case err != nil:
+		return nil, fmt.Errorf("opening the NIC (--backend %s) on %v: %w", backend, listen, err)
+	}
+	log.WithFields(logrus.Fields{"backend": opened.Backend, "transport": opened.Transport, "dc": opened.DC}).
+		Infof("NIC: %s", opened.Reason)
+	if !opened.DC {
+		log.Warnf("NIC has no DC transport (%s): RC only", opened.DCNote)
 	}
 	return node.Start(context.Background(), node.Config{
-		Device:  dev,
+		Device:  opened.Dev,
 		Meta:    servers,
 		QPCore:  qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout},
 		MemSize: mem,

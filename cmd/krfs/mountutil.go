@@ -2,12 +2,17 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -107,14 +112,14 @@ func checkFUSE() error {
 	return nil
 }
 
-// mountHelperArgs turns mount(8) helper arguments (SOURCE DIR -o opts)
-// into `krfs mount` arguments; fstab-only options are dropped.
+// mountHelperArgs turns mount(8) helper arguments (SOURCE DIR [-o opts]
+// [-n -s -f -v]) into `krfs mount DIR -o opts`; the options are mapped by
+// applyOptions.
 func mountHelperArgs(args []string) []string {
-	var pos []string
-	var opts []string
+	var pos, out []string
 	for i := 0; i < len(args); i++ {
 		if args[i] == "-o" && i+1 < len(args) {
-			opts = append(opts, strings.Split(args[i+1], ",")...)
+			out = append(out, "-o", args[i+1])
 			i++
 			continue
 		}
@@ -123,27 +128,64 @@ func mountHelperArgs(args []string) []string {
 		}
 		pos = append(pos, args[i])
 	}
-	var out []string
-	if len(pos) >= 2 {
-		out = append(out, pos[1])
-	} else if len(pos) == 1 {
-		out = append(out, pos[0])
-	}
-	for _, o := range opts {
-		k, v, hasV := strings.Cut(o, "=")
-		switch {
-		case k == "_netdev" || k == "nofail" || k == "noauto" || k == "auto" || k == "defaults" ||
-			k == "rw" || k == "user" || k == "nouser" || strings.HasPrefix(k, "x-systemd") || strings.HasPrefix(k, "comment"):
-			continue
-		case k == "allow_other":
-			out = append(out, "--allow-other")
-		case k == "default_permissions":
-			out = append(out, "--default-permissions")
-		case hasV:
-			out = append(out, "--"+strings.ReplaceAll(k, "_", "-")+"="+v)
-		default:
-			out = append(out, "--"+strings.ReplaceAll(k, "_", "-"))
-		}
+	if len(pos) > 0 {
+		out = append([]string{pos[len(pos)-1]}, out...)
 	}
 	return out
+}
+
+// fstabOnly reports whether a mount option is for mount(8), fstab or
+// systemd rather than for the filesystem.
+func fstabOnly(k string) bool {
+	switch k {
+	case "_netdev", "nofail", "noauto", "auto", "defaults", "user", "nouser", "users", "owner", "group":
+		return true
+	}
+	return strings.HasPrefix(k, "x-") || strings.HasPrefix(k, "comment")
+}
+
+// resolveMeta parses --meta, HOST:PORT[,HOST:PORT...], resolving host
+// names; a name that does not resolve is a clear error.
+func resolveMeta(s string) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(f); err == nil {
+			out = append(out, ap)
+			continue
+		}
+		host, port, err := net.SplitHostPort(f)
+		pn, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil || host == "" {
+			return nil, fmt.Errorf("%w: --meta %q: want HOST:PORT[,HOST:PORT...] (HOST a name or an IP address)", errUsage, f)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		cancel()
+		if err != nil || len(ips) == 0 {
+			return nil, fmt.Errorf("--meta %s: cannot resolve %q: %v", f, host, err)
+		}
+		ip := ips[0]
+		for _, a := range ips { // prefer IPv4, as softnic listens on one address
+			if a.Unmap().Is4() {
+				ip = a
+				break
+			}
+		}
+		out = append(out, netip.AddrPortFrom(ip.Unmap(), uint16(pn)))
+	}
+	return out, nil
+}
+
+// routeSource is the local address the kernel would send from to reach
+// dst (a connected UDP socket sends nothing).
+func routeSource(dst netip.AddrPort) (netip.Addr, error) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("no route to the meta service %v: %w", dst, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
 }

@@ -2,12 +2,13 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/spf13/cobra"
 
 	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/verbs"
@@ -29,23 +30,22 @@ type resStats struct {
 	Peers   []node.ResPeer
 }
 
-func runRes(args []string, stdout, stderr io.Writer) error {
-	set := flag.NewFlagSet("krfs res", flag.ContinueOnError)
-	set.SetOutput(stderr)
-	asJSON := set.Bool("j", false, "print JSON")
-	set.Usage = func() {
-		fmt.Fprintln(stderr, "usage: krfs res MOUNTPOINT qp|mr|peer [-j]")
-		set.PrintDefaults()
+func resCmd(stdout io.Writer) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:       "res MOUNTPOINT qp|mr|peer [-j]",
+		Short:     "List a running node's QPs, regions or peers, like rdma res show",
+		Args:      exactArgs(2, "MOUNTPOINT and one of qp, mr, peer"),
+		ValidArgs: []string{"qp", "mr", "peer"},
+		RunE: func(_ *cobra.Command, args []string) error {
+			return runRes(args[0], args[1], asJSON, stdout)
+		},
 	}
-	pos, err := parseInterleaved(set, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 2 {
-		set.Usage()
-		return fmt.Errorf("%w: want MOUNTPOINT and one of qp, mr, peer", errUsage)
-	}
-	mnt, what := pos[0], pos[1]
+	cmd.Flags().BoolVarP(&asJSON, "json", "j", false, "print JSON")
+	return cmd
+}
+
+func runRes(mnt, what string, asJSON bool, stdout io.Writer) error {
 	switch what {
 	case "qp", "mr", "peer":
 	default:
@@ -59,7 +59,7 @@ func runRes(args []string, stdout, stderr io.Writer) error {
 	if err := json.Unmarshal(raw, &st); err != nil {
 		return fmt.Errorf("%s/stats.json: %w", mnt, err)
 	}
-	if *asJSON {
+	if asJSON {
 		var v any
 		switch what {
 		case "qp":

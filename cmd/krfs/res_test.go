@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/node"
 )
 
@@ -30,7 +32,7 @@ func testNodeSized(t *testing.T, mem int64) *node.Node {
 	// --timeout is only a hang guard here (peer and meta queries): a
 	// loaded machine must not turn into "peer listing empty".
 	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Minute}
-	n, err := startNode(log, f, netip.MustParseAddrPort("127.0.0.1:0"), nil, mem)
+	n, err := startNode(log, f, nic.Softnic, netip.MustParseAddrPort("127.0.0.1:0"), nil, mem)
 	if err != nil {
 		t.Fatalf("starting a node: %v", err)
 	}
@@ -64,7 +66,7 @@ func TestRes(t *testing.T) {
 	res := func(args ...string) string {
 		t.Helper()
 		var out, errb bytes.Buffer
-		if err := runRes(append([]string{dir}, args...), &out, &errb); err != nil {
+		if err := runResArgs(append([]string{dir}, args...), &out, &errb); err != nil {
 			t.Fatalf("res %v: %v %s", args, err, errb.String())
 		}
 		return out.String()
@@ -95,10 +97,20 @@ func TestRes(t *testing.T) {
 	}
 
 	var out, errb bytes.Buffer
-	if err := runRes([]string{dir, "cq"}, &out, &errb); err == nil {
+	if err := runResArgs([]string{dir, "cq"}, &out, &errb); err == nil {
 		t.Error("res cq succeeded")
 	}
-	if err := runRes([]string{t.TempDir(), "qp"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "not a running krfs mount") {
+	if err := runResArgs([]string{t.TempDir(), "qp"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "not a running krfs mount") {
 		t.Errorf("res on a plain directory: %v", err)
 	}
+}
+
+// runResArgs runs `krfs res ARGS` and returns its error output as an error
+// when it fails.
+func runResArgs(args []string, stdout, stderr *bytes.Buffer) error {
+	stderr.Reset()
+	if code := run(append([]string{"krfs", "res"}, args...), stdout, stderr); code != 0 {
+		return fmt.Errorf("exit %d: %s", code, stderr.String())
+	}
+	return nil
 }

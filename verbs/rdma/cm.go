@@ -174,7 +174,7 @@ func (c *cmConn) listen(service uint32, accept verbs.AcceptFunc) error {
 		return verbs.ErrClosed
 	}
 	if _, dup := c.listeners[service]; dup {
-		return fmt.Errorf("%w: service %d already has a listener", verbs.ErrInvalidArg, service)
+		return fmt.Errorf("%w: %s already has a listener", verbs.ErrInvalidArg, verbs.ServiceName(service))
 	}
 	c.listeners[service] = accept
 	return nil
@@ -184,7 +184,7 @@ func (c *cmConn) stopListen(service uint32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.listeners[service]; !ok {
-		return fmt.Errorf("%w: no listener for service %d", verbs.ErrInvalidArg, service)
+		return fmt.Errorf("%w: no listener for %s", verbs.ErrInvalidArg, verbs.ServiceName(service))
 	}
 	delete(c.listeners, service)
 	return nil
@@ -253,7 +253,7 @@ func (c *cmConn) connect(ctx context.Context, q verbs.QP, remote netip.AddrPort,
 	rep, err := c.exchange(ctx, remote, &req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w: %v service %d", verbs.ErrCMTimeout, remote, service)
+			err = fmt.Errorf("%w: %v, %s", verbs.ErrCMTimeout, remote, verbs.ServiceName(service))
 		}
 		return nil, err
 	}
@@ -370,7 +370,7 @@ func (c *cmConn) onRequest(from netip.AddrPort, m cmMsg) {
 		c.send(from, &cmMsg{Kind: cmRej, ConnID: m.ConnID, Service: m.Service, Private: []byte(why)})
 	}
 	if accept == nil {
-		reject(fmt.Sprintf("no listener for service %d", m.Service))
+		reject(fmt.Sprintf("no listener for %s", verbs.ServiceName(m.Service)))
 		return
 	}
 	q, priv, err := accept(verbs.ConnRequest{RemoteAddr: from, RemoteQPN: m.QPN, Private: append([]byte(nil), m.Private...)})

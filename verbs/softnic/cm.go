@@ -69,7 +69,7 @@ func (d *Device) ListenRC(service uint32, accept verbs.AcceptFunc) error {
 		return verbs.ErrClosed
 	}
 	if _, dup := d.listeners[service]; dup {
-		return fmt.Errorf("%w: service %d already has a listener", verbs.ErrInvalidArg, service)
+		return fmt.Errorf("%w: %s already has a listener", verbs.ErrInvalidArg, verbs.ServiceName(service))
 	}
 	d.listeners[service] = accept
 	return nil
@@ -80,7 +80,7 @@ func (d *Device) StopListenRC(service uint32) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.listeners[service]; !ok {
-		return fmt.Errorf("%w: no listener for service %d", verbs.ErrInvalidArg, service)
+		return fmt.Errorf("%w: no listener for %s", verbs.ErrInvalidArg, verbs.ServiceName(service))
 	}
 	delete(d.listeners, service)
 	return nil
@@ -158,7 +158,7 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 		case <-ctx.Done():
 			err := ctx.Err()
 			if errors.Is(err, context.DeadlineExceeded) {
-				err = fmt.Errorf("%w: %v service %d", verbs.ErrCMTimeout, remote, service)
+				err = fmt.Errorf("%w: %v, %s", verbs.ErrCMTimeout, remote, verbs.ServiceName(service))
 			}
 			return fail(err)
 		}
@@ -210,7 +210,7 @@ func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payl
 	accept := d.listeners[h.Service]
 	d.mu.RUnlock()
 	if accept == nil {
-		reject(fmt.Sprintf("no listener for service %d", h.Service))
+		reject(fmt.Sprintf("no listener for %s", verbs.ServiceName(h.Service)))
 		return
 	}
 	vq, priv, err := accept(verbs.ConnRequest{RemoteAddr: from, RemoteQPN: h.CMQPN, Private: append([]byte(nil), payload...)})
