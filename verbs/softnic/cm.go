@@ -127,6 +127,14 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 		delete(d.cm.pending, id)
 		d.cm.mu.Unlock()
 	}()
+	if d.auth != nil {
+		if err := d.auth.ensure(ctx, remote); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %v: no authenticated session (handshake unanswered)", verbs.ErrCMTimeout, remote)
+			}
+			return fail0(q, err)
+		}
+	}
 	req := wire.Header{Op: wire.OpCMReq, Service: service, CMQPN: q.qpn, CMPSN: startPSN, CMMTU: uint32(mtu), ConnID: id}
 	fail := func(err error) ([]byte, error) {
 		_ = q.Modify(verbs.QPAttr{State: verbs.StateReset})
@@ -259,4 +267,10 @@ func (q *qp) attrAccess() verbs.Access {
 		return q.attr.Access
 	}
 	return verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+}
+
+// fail0 returns a QP moved to INIT by ConnectRC to RESET and reports err.
+func fail0(q *qp, err error) ([]byte, error) {
+	_ = q.Modify(verbs.QPAttr{State: verbs.StateReset})
+	return nil, err
 }
