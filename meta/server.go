@@ -27,8 +27,10 @@ const (
 	DefaultMaxConns     = 4096
 	// connQPTimeout is the ACK timeout of the server's side of a client
 	// connection: with DefaultQPRetryCnt retries, about a second.
-	connQPTimeout    = DefaultRPCTimeout / (DefaultQPRetryCnt + 1)
-	DefaultRecvDepth = 1024
+	connQPTimeout = DefaultRPCTimeout / (DefaultQPRetryCnt + 1)
+	// DefaultMaxConnsPerSource bounds the connections of one source IP.
+	DefaultMaxConnsPerSource = 256
+	DefaultRecvDepth         = 1024
 	// DefaultFirstAssignedGID is where assigned gids start, leaving the
 	// gids below to nodes that choose their own.
 	DefaultFirstAssignedGID = 1 << 20
@@ -66,6 +68,14 @@ type ServerConfig struct {
 	IdleTimeout time.Duration
 	// MaxConns bounds client connections; more are refused.
 	MaxConns int
+	// MaxConnsPerSource bounds the client connections from one source IP
+	// address, so that one host cannot fill the MaxConns.
+	MaxConnsPerSource int
+	// HalfOpenTimeout reclaims a connection whose client has sent no
+	// message within that time of connecting (connection floods); zero
+	// means IdleTimeout/2, which a live client always beats since it pings
+	// at IdleTimeout/3.
+	HalfOpenTimeout time.Duration
 	// RecvDepth is the number of receive buffers shared by all clients.
 	RecvDepth int
 	// Clock drives leases, sweeps and idle reclaim; nil is the system
@@ -104,6 +114,12 @@ func (c *ServerConfig) fill() error {
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
 	}
+	if c.MaxConnsPerSource == 0 {
+		c.MaxConnsPerSource = DefaultMaxConnsPerSource
+	}
+	if c.HalfOpenTimeout == 0 {
+		c.HalfOpenTimeout = c.IdleTimeout / 2
+	}
 	if c.RecvDepth == 0 {
 		c.RecvDepth = DefaultRecvDepth
 	}
@@ -115,7 +131,7 @@ func (c *ServerConfig) fill() error {
 		return fmt.Errorf("meta: leases: want 0 < MinLease <= Lease <= MaxLease")
 	case c.MaxLease > time.Duration(1<<31)*time.Millisecond:
 		return fmt.Errorf("meta: MaxLease %v too long", c.MaxLease)
-	case c.SweepInterval < 0 || c.IdleTimeout < 0 || c.MaxConns < 0:
+	case c.SweepInterval < 0 || c.IdleTimeout < 0 || c.MaxConns < 0 || c.MaxConnsPerSource < 0 || c.HalfOpenTimeout < 0:
 		return fmt.Errorf("meta: negative interval or limit")
 	case c.RecvDepth < 1 || c.RecvDepth > 1<<16:
 		return fmt.Errorf("meta: RecvDepth %d: want 1..65536", c.RecvDepth)
@@ -174,6 +190,7 @@ type Server struct {
 	// receive path; the loop takes it to find and reap connections.
 	connMu sync.Mutex
 	conns  map[uint32]*srvConn // by local QPN
+	perSrc map[netip.Addr]int  // connections per source IP
 	closed bool
 
 	// regMu guards reg. The loop holds it while it handles a batch of
@@ -211,6 +228,7 @@ type srvConn struct {
 	qp     verbs.QP
 	remote netip.AddrPort
 	lastRx time.Time
+	heard  bool // a message arrived; owned by the loop
 }
 
 // outReply is a reply waiting to be sent on the connection of QPN qpn.
@@ -389,6 +407,10 @@ func (s *Server) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
 		s.st.rejected.Add(1)
 		return nil, nil, fmt.Errorf("meta: %d connections, the limit", len(s.conns))
 	}
+	if s.perSrc[req.RemoteAddr.Addr()] >= s.cfg.MaxConnsPerSource {
+		s.st.rejected.Add(1)
+		return nil, nil, fmt.Errorf("meta: %d connections from %v, the limit per source", s.cfg.MaxConnsPerSource, req.RemoteAddr.Addr())
+	}
 	qp, err := s.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: s.cq, RecvCQ: s.cq, SRQ: s.srq,
 		Caps: verbs.QPCaps{MaxSendWR: connSendDepth, MaxInline: MaxMessage}})
 	if err != nil {
@@ -411,6 +433,10 @@ func (s *Server) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
 		return nil, nil, err
 	}
 	s.conns[qp.QPN()] = &srvConn{qp: qp, remote: req.RemoteAddr, lastRx: s.clock.Now()}
+	if s.perSrc == nil {
+		s.perSrc = make(map[netip.Addr]int)
+	}
+	s.perSrc[req.RemoteAddr.Addr()]++
 	s.st.accepted.Add(1)
 	return qp, s.bootP, nil
 }
@@ -569,6 +595,7 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 		return
 	}
 	c.lastRx = now
+	c.heard = true
 	b := s.recvMem[buf*MaxMessage : buf*MaxMessage+int(min(wc.ByteLen, MaxMessage))]
 	m, err := parseMessage(b)
 	if err == nil && m.kind&replyBit != 0 {
@@ -884,7 +911,8 @@ func (s *Server) sweep() {
 	var dead []uint32
 	s.connMu.Lock()
 	for n, c := range s.conns {
-		if c.qp.State() == verbs.StateErr || now.Sub(c.lastRx) > s.cfg.IdleTimeout {
+		if c.qp.State() == verbs.StateErr || now.Sub(c.lastRx) > s.cfg.IdleTimeout ||
+			!c.heard && now.Sub(c.lastRx) > s.cfg.HalfOpenTimeout {
 			dead = append(dead, n)
 		}
 	}
@@ -900,6 +928,11 @@ func (s *Server) reap(n uint32) {
 	s.connMu.Lock()
 	c := s.conns[n]
 	delete(s.conns, n)
+	if c != nil {
+		if s.perSrc[c.remote.Addr()]--; s.perSrc[c.remote.Addr()] <= 0 {
+			delete(s.perSrc, c.remote.Addr())
+		}
+	}
 	s.connMu.Unlock()
 	if c != nil {
 		c.qp.Destroy()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
 )
 
 // Performance targets are ratios against baselines measured in the same
@@ -202,12 +203,14 @@ func BenchmarkReadBandwidth1M(b *testing.B) {
 }
 
 // BenchmarkClusterKeyCost measures, in one run, what packet authentication
-// (Config.ClusterKey) costs: 8-byte READ p50 and 1 MiB READ bandwidth with
-// the key against the same without it.
+// (Config.ClusterKey) and payload encryption (Config.Encrypt) cost: 8-byte
+// READ p50 and 1 MiB READ bandwidth with the key, and with the key and
+// encryption, against the same without a key.
 func BenchmarkClusterKeyCost(b *testing.B) {
-	measure := func(key []byte) (p50lat time.Duration, bw float64) {
+	measure := func(key []byte, enc bool) (p50lat time.Duration, bw float64) {
 		fb := newFabric(b, "udp", faults{})
-		a, s := fb.keyedNode(key), fb.keyedNode(key)
+		cfg := softnic.Config{ClusterKey: key, Encrypt: enc}
+		a, s := keyedNodeCfg(fb, cfg), keyedNodeCfg(fb, cfg)
 		qa, _ := connect(b, a, s, 0)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -236,8 +239,13 @@ func BenchmarkClusterKeyCost(b *testing.B) {
 		return p50(lat), n * memSize / time.Since(t0).Seconds()
 	}
 	for range b.N {
-		plainLat, plainBW := measure(nil)
-		keyLat, keyBW := measure([]byte("cluster secret"))
+		plainLat, plainBW := measure(nil, false)
+		keyLat, keyBW := measure([]byte("cluster secret"), false)
+		encLat, encBW := measure([]byte("cluster secret"), true)
+		b.ReportMetric(float64(encLat.Nanoseconds())/1e3, "aead-p50-us")
+		b.ReportMetric(baseline.Ratio(encLat, plainLat), "x-latency-aead")
+		b.ReportMetric(encBW/1e9, "aead-GB/s")
+		b.ReportMetric(encBW/plainBW, "x-bandwidth-aead")
 		b.ReportMetric(float64(keyLat.Nanoseconds())/1e3, "key-p50-us")
 		b.ReportMetric(float64(plainLat.Nanoseconds())/1e3, "plain-p50-us")
 		b.ReportMetric(baseline.Ratio(keyLat, plainLat), "x-latency")

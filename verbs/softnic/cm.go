@@ -2,10 +2,14 @@ package softnic
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/krfs/krfs/verbs"
@@ -25,10 +29,26 @@ import (
 // side resending CM_REQ; the passive side answers a repeated request from
 // its record of the connection instead of accepting twice. CM_REJ ends a
 // request (no listener, accept refused).
+//
+// Flood resistance. Without a cluster key the passive side keeps no state
+// and calls no accept function for a CM_REQ until the requester has shown
+// that it receives at its source address: the first CM_REQ is answered
+// with a CM_REJ carrying a cookie (a MAC of the address and connection ID
+// under a secret of the device, valid for 10-20 s) and nothing else, and
+// only a CM_REQ echoing that cookie goes on, as with TCP's SYN cookies.
+// With a cluster key, CM packets travel in authenticated sessions bound to
+// the peer's address, so that proof is already made and unauthenticated
+// requests are dropped before the connection manager sees them. Either
+// way a source IP may hold at most cmMaxPerSource handshake records (a
+// connection accepted but not yet confirmed by CM_RTU), the device at most
+// cmMaxRecords, and a record lives cmRecordTL.
 const (
-	cmResend   = 20 * time.Millisecond
-	cmDefault  = 2 * time.Second
-	cmRecordTL = 30 * time.Second
+	cmResend       = 20 * time.Millisecond
+	cmDefault      = 2 * time.Second
+	cmRecordTL     = 5 * time.Second
+	cmMaxPerSource = 64
+	cmMaxRecords   = 4096
+	cmCookieEpoch  = 10 * time.Second
 )
 
 type cmReply struct {
@@ -48,14 +68,66 @@ type cmRecord struct {
 }
 
 type cmState struct {
-	mu      sync.Mutex // guards the maps
-	pending map[uint64]chan cmReply
-	done    map[cmKey]*cmRecord
+	mu        sync.Mutex // guards the maps
+	pending   map[uint64]chan cmReply
+	done      map[cmKey]*cmRecord
+	perSrc    map[netip.Addr]int // records per source IP
+	secret    [32]byte           // cookie key, immutable after init
+	cookies   atomic.Uint64      // cookies sent
+	limited   atomic.Uint64      // requests refused by the record limits
+	badCookie atomic.Uint64      // requests with a stale or forged cookie
 }
 
 func (c *cmState) init() {
 	c.pending = make(map[uint64]chan cmReply)
 	c.done = make(map[cmKey]*cmRecord)
+	c.perSrc = make(map[netip.Addr]int)
+	fillRandom(c.secret[:])
+}
+
+// CMStats are the connection manager's flood counters.
+type CMStats struct {
+	Records      int    // connections accepted, not yet confirmed by CM_RTU
+	CookiesSent  uint64 // CM_REQs answered with a cookie
+	BadCookies   uint64 // CM_REQs whose cookie was stale or forged (answered with a new one)
+	LimitRejects uint64 // CM_REQs refused by the per-source or total record limit
+}
+
+// CMStats returns the connection manager's counters.
+func (d *Device) CMStats() CMStats {
+	d.cm.mu.Lock()
+	n := len(d.cm.done)
+	d.cm.mu.Unlock()
+	return CMStats{Records: n, CookiesSent: d.cm.cookies.Load(), BadCookies: d.cm.badCookie.Load(), LimitRejects: d.cm.limited.Load()}
+}
+
+// cookie is the CM cookie for a request from from with connection ID id
+// in cookie epoch e (never 0).
+func (c *cmState) cookie(from netip.AddrPort, id uint64, e int64) uint64 {
+	m := hmac.New(sha256.New, c.secret[:])
+	b, _ := from.MarshalBinary()
+	m.Write(b)
+	var x [16]byte
+	binary.BigEndian.PutUint64(x[:], id)
+	binary.BigEndian.PutUint64(x[8:], uint64(e))
+	m.Write(x[:])
+	return binary.BigEndian.Uint64(m.Sum(nil)) | 1
+}
+
+// cookieOK checks the cookie of a CM_REQ; otherwise it answers with a
+// fresh cookie and reports false.
+func (c *cmState) cookieOK(d *Device, from netip.AddrPort, h *wire.Header) bool {
+	e := d.clock.Now().UnixNano() / int64(cmCookieEpoch)
+	if h.Cookie != 0 && (h.Cookie == c.cookie(from, h.ConnID, e) || h.Cookie == c.cookie(from, h.ConnID, e-1)) {
+		return true
+	}
+	if h.Cookie != 0 {
+		c.badCookie.Add(1)
+	}
+	c.cookies.Add(1)
+	rej := wire.Header{Op: wire.OpCMRej, Service: h.Service, ConnID: h.ConnID, Cookie: c.cookie(from, h.ConnID, e)}
+	d.rxOut.add(from, &rej, []byte(wire.CookieReason))
+	return false
 }
 
 // ListenRC registers a CM service.
@@ -127,6 +199,14 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 		delete(d.cm.pending, id)
 		d.cm.mu.Unlock()
 	}()
+	if d.auth != nil {
+		if err := d.auth.ensure(ctx, remote); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %v: no authenticated session (handshake unanswered)", verbs.ErrCMTimeout, remote)
+			}
+			return fail0(q, err)
+		}
+	}
 	req := wire.Header{Op: wire.OpCMReq, Service: service, CMQPN: q.qpn, CMPSN: startPSN, CMMTU: uint32(mtu), ConnID: id}
 	fail := func(err error) ([]byte, error) {
 		_ = q.Modify(verbs.QPAttr{State: verbs.StateReset})
@@ -138,6 +218,10 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 		d.sendNow(remote, &req, p.Private)
 		select {
 		case rep := <-ch:
+			if rep.h.Op == wire.OpCMRej && rep.h.Cookie != 0 && string(rep.private) == wire.CookieReason {
+				req.Cookie = rep.h.Cookie // prove we receive here, and ask again
+				continue
+			}
 			if rep.h.Op == wire.OpCMRej {
 				return fail(fmt.Errorf("%w by %v: %s", verbs.ErrCMRejected, remote, rep.private))
 			}
@@ -180,31 +264,49 @@ func (c *cmState) onPacket(d *Device, from netip.AddrPort, h *wire.Header, paylo
 		}
 	case wire.OpCMRTU:
 		c.mu.Lock()
-		delete(c.done, cmKey{from, h.ConnID})
+		c.dropLocked(cmKey{from, h.ConnID})
 		c.mu.Unlock()
 	case wire.OpCMReq:
 		c.onRequest(d, from, h, payload)
 	}
 }
 
+func (c *cmState) dropLocked(k cmKey) {
+	if _, ok := c.done[k]; ok {
+		delete(c.done, k)
+		if c.perSrc[k.from.Addr()]--; c.perSrc[k.from.Addr()] <= 0 {
+			delete(c.perSrc, k.from.Addr())
+		}
+	}
+}
+
 func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payload []byte) {
+	if d.auth == nil && !c.cookieOK(d, from, h) {
+		return
+	}
 	key := cmKey{from, h.ConnID}
 	now := d.clock.Now()
+	reject := func(why string) {
+		rej := wire.Header{Op: wire.OpCMRej, Service: h.Service, ConnID: h.ConnID}
+		d.rxOut.add(from, &rej, []byte(why))
+	}
 	c.mu.Lock()
 	for k, r := range c.done {
 		if now.Sub(r.at) > cmRecordTL {
-			delete(c.done, k)
+			c.dropLocked(k)
 		}
 	}
 	rec := c.done[key]
+	full := len(c.done) >= cmMaxRecords || c.perSrc[from.Addr()] >= cmMaxPerSource
 	c.mu.Unlock()
 	if rec != nil {
 		d.rxOut.add(from, &rec.rep, rec.private)
 		return
 	}
-	reject := func(why string) {
-		rej := wire.Header{Op: wire.OpCMRej, Service: h.Service, ConnID: h.ConnID}
-		d.rxOut.add(from, &rej, []byte(why))
+	if full {
+		c.limited.Add(1)
+		reject(fmt.Sprintf("too many unconfirmed connection requests from %v", from.Addr()))
+		return
 	}
 	d.mu.RLock()
 	accept := d.listeners[h.Service]
@@ -244,6 +346,9 @@ func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payl
 	}
 	rep := wire.Header{Op: wire.OpCMRep, Service: h.Service, CMQPN: q.qpn, CMPSN: startPSN, CMMTU: uint32(mtu), ConnID: h.ConnID}
 	c.mu.Lock()
+	if _, dup := c.done[key]; !dup {
+		c.perSrc[from.Addr()]++
+	}
 	c.done[key] = &cmRecord{rep: rep, private: append([]byte(nil), priv...), at: now}
 	c.mu.Unlock()
 	d.rxOut.add(from, &rep, priv)
@@ -259,4 +364,10 @@ func (q *qp) attrAccess() verbs.Access {
 		return q.attr.Access
 	}
 	return verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+}
+
+// fail0 returns a QP moved to INIT by ConnectRC to RESET and reports err.
+func fail0(q *qp, err error) ([]byte, error) {
+	_ = q.Modify(verbs.QPAttr{State: verbs.StateReset})
+	return nil, err
 }

@@ -28,12 +28,21 @@ type Config struct {
 	// MTU is the default path MTU (payload bytes per packet) of new QPs;
 	// 0 means DefaultMTU. QPs may choose any MTU up to MaxMTU.
 	MTU int
-	// ClusterKey, if not empty, authenticates every packet with a keyed
-	// MAC: packets without a valid MAC are dropped and counted
-	// (DeviceStats.BadMAC), so that a host outside the cluster that learns
-	// an rkey or a DC key still cannot read or write memory. Payloads are
-	// then received into scratch and copied once verified (no steering).
+	// ClusterKey, if not empty, authenticates every packet: devices talk
+	// in sessions set up by a handshake keyed by the cluster key, bound to
+	// the peer's address, and every packet carries a session counter under
+	// a MAC; packets without a valid MAC, from the wrong address, or
+	// replayed are dropped and counted (DeviceStats.BadMAC, AuthStats), so
+	// that a host outside the cluster that learns an rkey or a DC key, or
+	// captures packets, still cannot read or write memory (see auth.go).
+	// Payloads are then received into scratch and copied once verified
+	// (no steering).
 	ClusterKey []byte
+	// Encrypt, with a ClusterKey, also encrypts every payload with
+	// AES-256-GCM under the session keys (the tag replaces the MAC). All
+	// devices of a cluster must agree: a device drops packets whose
+	// encryption differs from its own setting.
+	Encrypt bool
 }
 
 // DefaultMTU is the default path MTU: InfiniBand's largest. Bulk transfers
@@ -67,7 +76,7 @@ type Device struct {
 	sendMu    sync.Mutex // guards sendOut
 	sendOut   outbox
 	closeOnce sync.Once
-	rxMAC     *macer // verifies received packets (cluster key); guarded by rxMu
+	auth      *authState // packet authentication, nil without a cluster key
 
 	mu        sync.RWMutex // guards the fields below
 	closed    bool
@@ -78,7 +87,6 @@ type Device struct {
 	nextPD    uint32
 	listeners map[uint32]verbs.AcceptFunc
 	rng       *rand.Rand
-	macKey    []byte // the cluster key, or nil; immutable after Open
 
 	stats struct {
 		txPackets, rxPackets atomic.Uint64
@@ -114,7 +122,14 @@ func Open(cfg Config) (*Device, error) {
 	if d.clock == nil {
 		d.clock = link.SystemClock{}
 	}
-	d.maxMTU = cfg.Link.MaxDatagram() - wire.MaxHeaderLen
+	if len(cfg.ClusterKey) > 0 {
+		d.auth = newAuth(d, append([]byte(nil), cfg.ClusterKey...), cfg.Encrypt)
+		d.rxOut.auth = d.auth
+		d.sendOut.auth = d.auth
+	} else if cfg.Encrypt {
+		return nil, fmt.Errorf("%w: Encrypt needs a ClusterKey", verbs.ErrInvalidArg)
+	}
+	d.maxMTU = cfg.Link.MaxDatagram() - wire.MaxHeaderLen - d.auth.overhead()
 	if d.mtu == 0 {
 		d.mtu = min(DefaultMTU, d.maxMTU)
 	}
@@ -122,13 +137,6 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("%w: MTU %d outside [256, %d]", verbs.ErrInvalidArg, d.mtu, d.maxMTU)
 	}
 	d.nextQPN = 1 + d.rng.Uint32N(wire.PSNMask-1)
-	if len(cfg.ClusterKey) > 0 {
-		key := append([]byte(nil), cfg.ClusterKey...)
-		d.macKey = key
-		d.rxMAC = newMacer(key)
-		d.rxOut.mac = newMacer(key)
-		d.sendOut.mac = newMacer(key)
-	}
 	d.cm.init()
 	cfg.Link.Start(d)
 	return d, nil
@@ -235,7 +243,19 @@ func (d *Device) Stats() verbs.DeviceStats {
 	s.Retransmits = d.stats.retransmits.Load()
 	s.Misplaced = d.stats.misplaced.Load()
 	s.BadMAC = d.stats.badMAC.Load()
+	if a := d.AuthStats(); d.auth != nil {
+		s.BadMAC += a.BadTag + a.NoSession + a.WrongSource + a.Replayed + a.StaleInit
+	}
 	return s
+}
+
+// AuthStats returns the counters of packet authentication (zero without a
+// cluster key).
+func (d *Device) AuthStats() AuthStats {
+	if d.auth == nil {
+		return AuthStats{}
+	}
+	return d.auth.Stats()
 }
 
 // QPs lists the device's QPs by QPN.
@@ -384,7 +404,7 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 		h, _, err := wire.Parse(hdr)
 		d.steerHdr, d.steerLen, d.steerOK = h, plen, err == nil
 	}
-	if !d.steerOK || plen == 0 || d.rxMAC != nil {
+	if !d.steerOK || plen == 0 || d.auth != nil {
 		// With a cluster key nothing lands in memory before its MAC is
 		// checked: payloads go to scratch and are copied once verified.
 		return nil
@@ -419,8 +439,17 @@ func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 		d.stats.malformed.Add(1)
 		return
 	}
-	if d.rxMAC != nil && !d.rxMAC.verify(hdr, payload) {
-		d.stats.badMAC.Add(1)
+	if d.auth != nil {
+		if h.Op.IsHandshake() {
+			d.auth.onHandshake(from, &h, hdr, payload)
+			return
+		}
+		var ok bool
+		if payload, ok = d.auth.verify(from, &h, hdr, payload); !ok {
+			return
+		}
+	} else if h.Op.IsHandshake() {
+		d.stats.badMAC.Add(1) // a keyed peer; we have no key
 		return
 	}
 	if h.Op.IsCM() {

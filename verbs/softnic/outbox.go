@@ -14,11 +14,12 @@ import (
 type outbox struct {
 	pkts  []link.Packet
 	arena []byte
-	mac   *macer // signs every packet when the device has a cluster key
+	auth  *authState // signs every packet when the device has a cluster key
+	enc   []byte     // ciphertexts of the packets being sent (Config.Encrypt)
 }
 
 func (o *outbox) add(to netip.AddrPort, h *wire.Header, payload []byte) {
-	if o.mac != nil {
+	if o.auth != nil {
 		h.Flags |= wire.FlagMAC
 		h.MAC = [wire.MACLen]byte{}
 	}
@@ -27,22 +28,29 @@ func (o *outbox) add(to netip.AddrPort, h *wire.Header, payload []byte) {
 	o.pkts = append(o.pkts, link.Packet{To: to, Hdr: o.arena[start:len(o.arena):len(o.arena)], Payload: payload})
 }
 
-// flush sends everything collected and resets the outbox.
+// addEncoded queues a packet whose header is already encoded (with an
+// AuthETH to fill in); its slices must stay valid until the flush.
+func (o *outbox) addEncoded(p link.Packet) { o.pkts = append(o.pkts, p) }
+
+// flush sends everything collected and resets the outbox. With a cluster
+// key, packets are signed here, each with the next counter of its session;
+// packets to addresses without a session wait for the handshake.
 func (o *outbox) flush(d *Device) {
 	if len(o.pkts) == 0 {
 		return
 	}
+	if o.auth != nil {
+		o.pkts = o.auth.seal(o, o.pkts)
+	}
 	var bytes uint64
 	for i := range o.pkts {
-		p := &o.pkts[i]
-		if o.mac != nil {
-			o.mac.sign(p.Hdr, p.Payload)
-		}
-		bytes += uint64(p.Len())
+		bytes += uint64(o.pkts[i].Len())
 	}
 	d.stats.txPackets.Add(uint64(len(o.pkts)))
 	d.stats.txBytes.Add(bytes)
-	_ = d.link.Send(o.pkts) // losses are the protocol's to repair
+	if len(o.pkts) > 0 {
+		_ = d.link.Send(o.pkts) // losses are the protocol's to repair
+	}
 	clear(o.pkts)
 	o.pkts = o.pkts[:0]
 	o.arena = o.arena[:0]

@@ -128,7 +128,7 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	q.attr = verbs.QPAttr{PathMTU: d.mtu, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
 		RNRRetry: DefaultRNRRetry, MinRNRTimer: DefaultMinRNRTimer}
 	q.req.init(q)
-	q.out.mac = newMacer(d.macKey)
+	q.out.auth = d.auth
 	if cfg.Type == verbs.DCI {
 		d.mu.Lock()
 		q.req.nextPSN = wire.PSN(d.rng.Uint32N(wire.PSNMask + 1))

@@ -218,10 +218,11 @@ func (q *qp) pathMTU(w *swqe) int {
 	hdr := wire.MaxHeaderLen // requests: any combination of extension headers
 	if w.wr.Op == verbs.OpRead {
 		hdr = wire.BaseLen + wire.AETHLen // READ responses
-		if q.dev.macKey != nil {
-			hdr += wire.MACLen
+		if q.dev.auth != nil {
+			hdr += wire.AuthETHLen
 		}
 	}
+	hdr += q.dev.auth.overhead()
 	mtu := q.attr.PathMTU
 	if fit := q.dev.link.MaxDatagramTo(to) - hdr; fit < mtu {
 		mtu = max(fit, minPathMTU)

@@ -419,7 +419,7 @@ func (q *qp) ack(c *respCtx, to netip.AddrPort, dest uint32, out *outbox) {
 	if out == &d.rxOut && c.ackGen == d.rxGen && c.ackIdx < len(out.pkts) {
 		p := &out.pkts[c.ackIdx]
 		if p.To == to {
-			if out.mac != nil {
+			if out.auth != nil {
 				h.Flags |= wire.FlagMAC // signed at flush, like every packet
 			}
 			h.Append(p.Hdr[:0]) // same length: re-encoded in place

@@ -16,9 +16,19 @@
 //	  4  u32  destination QPN (24 bits used; a DCT number for DC requests)
 //	  8  u32  source QPN (24 bits used)
 //	  12 u32  PSN (24 bits used)
-//	MACETH, 16 bytes, if FlagMAC (a cluster key is in use):
-//	  0  [16]u8  the first 16 bytes of HMAC-SHA256(cluster key, packet),
-//	           computed over the whole packet with this field zeroed
+//	AuthETH, 28 bytes, if FlagMAC (a cluster key is in use):
+//	  0  u32     session index: the receiver's index of the authenticated
+//	             session the packet belongs to (0 on handshake packets)
+//	  4  u64     counter: the sender's per-session packet counter, never
+//	             reused; the receiver accepts each counter once (replay
+//	             window); 0 on handshake packets
+//	  12 [16]u8  tag: HMAC-SHA256 (first 16 bytes) of the whole packet
+//	             with this field zeroed, under the session's key for this
+//	             direction (handshake packets: under the handshake key
+//	             derived from the cluster key); zero when FlagEnc is set
+//	  With FlagEnc the payload is AES-GCM ciphertext followed by its
+//	  16-byte tag (nonce: the counter; additional data: the header with
+//	  the tag field zeroed).
 //	DCETH, 12 bytes, if FlagDC (requests from a DCI):
 //	  0  u64  DC key
 //	  8  u32  session PSN: first PSN of the DCI's current session with
@@ -50,7 +60,11 @@
 //	  8  u32  start PSN of the sender's QP
 //	  12 u32  path MTU
 //	  16 u64  connection ID chosen by the active side
+//	  24 u64  cookie: on CM_REJ with reason CookieReason, the cookie the
+//	          passive side asks for; on a CM_REQ, the cookie echoed back
 //	  CM payload is private data (at most MaxPrivate bytes).
+//	HS_INIT and HS_RESP (session handshake, FlagMAC required) carry their
+//	fields in the payload; see verbs/softnic.
 //
 // For a READ response the PSN of each packet is the request's PSN plus the
 // packet's index; a READ of N bytes at path MTU M takes ceil(N/M) PSNs
@@ -79,11 +93,12 @@ const (
 	ImmDtLen     = 4
 	AETHLen      = 8
 	AtomicAckLen = 8
-	CMETHLen     = 24
-	MACLen       = 16
+	CMETHLen     = 32
+	MACLen       = 16 // the tag inside AuthETH
+	AuthETHLen   = 12 + MACLen
 	// MaxHeaderLen bounds every header: read this many bytes and HeaderLen
 	// can always decide.
-	MaxHeaderLen = BaseLen + MACLen + DCETHLen + AtomicETHLen + ImmDtLen
+	MaxHeaderLen = BaseLen + AuthETHLen + DCETHLen + AtomicETHLen + ImmDtLen
 	// MaxPrivate bounds CM private data.
 	MaxPrivate = 192
 )
@@ -107,10 +122,17 @@ const (
 	OpCMRep
 	OpCMRTU
 	OpCMRej
+	OpHSInit // session handshake initiation (cluster key)
+	OpHSResp // session handshake response
 	opMax
 )
 
-var opNames = [...]string{"", "SEND", "WRITE", "READ_REQ", "READ_RESP", "CMP_SWAP", "FETCH_ADD", "ACK", "ATOMIC_ACK", "CM_REQ", "CM_REP", "CM_RTU", "CM_REJ"}
+// CookieReason is the CM_REJ reason byte (in the first byte of the
+// private data) that asks the active side to repeat its CM_REQ with the
+// cookie in CMETH.
+const CookieReason = "cookie"
+
+var opNames = [...]string{"", "SEND", "WRITE", "READ_REQ", "READ_RESP", "CMP_SWAP", "FETCH_ADD", "ACK", "ATOMIC_ACK", "CM_REQ", "CM_REP", "CM_RTU", "CM_REJ", "HS_INIT", "HS_RESP"}
 
 func (o Opcode) String() string {
 	if o > 0 && o < opMax {
@@ -127,6 +149,9 @@ func (o Opcode) IsRequest() bool {
 // IsCM reports whether o is a connection-manager packet.
 func (o Opcode) IsCM() bool { return o >= OpCMReq && o <= OpCMRej }
 
+// IsHandshake reports whether o is a session-handshake packet.
+func (o Opcode) IsHandshake() bool { return o == OpHSInit || o == OpHSResp }
+
 // Flags are base-header flags.
 type Flags uint8
 
@@ -137,8 +162,9 @@ const (
 	FlagImm                         // ImmDt present (last packet)
 	FlagDC                          // DCETH present
 	FlagSolicited                   // solicited event
-	FlagMAC                         // MACETH present
-	flagsAll      = FlagFirst | FlagLast | FlagAckReq | FlagImm | FlagDC | FlagSolicited | FlagMAC
+	FlagMAC                         // AuthETH present
+	FlagEnc                         // payload is AES-GCM ciphertext and tag (needs FlagMAC)
+	flagsAll      = FlagFirst | FlagLast | FlagAckReq | FlagImm | FlagDC | FlagSolicited | FlagMAC | FlagEnc
 )
 
 // Syndrome is the AETH syndrome.
@@ -182,8 +208,10 @@ type Header struct {
 	SrcQP  uint32
 	PSN    uint32
 
-	// MACETH
-	MAC [MACLen]byte
+	// AuthETH
+	AuthIndex   uint32
+	AuthCounter uint64
+	MAC         [MACLen]byte
 
 	// DCETH
 	DCKey      uint64
@@ -214,6 +242,7 @@ type Header struct {
 	CMPSN   uint32
 	CMMTU   uint32
 	ConnID  uint64
+	Cookie  uint64
 }
 
 func (h *Header) hasDCETH() bool { return h.Flags&FlagDC != 0 }
@@ -231,7 +260,7 @@ func (h *Header) hasCMETH() bool { return h.Op.IsCM() }
 func (h *Header) Len() int {
 	n := BaseLen
 	if h.Flags&FlagMAC != 0 {
-		n += MACLen
+		n += AuthETHLen
 	}
 	if h.hasDCETH() {
 		n += DCETHLen
@@ -268,6 +297,9 @@ func (h *Header) validate() error {
 	if h.Flags&FlagDC != 0 && !h.Op.IsRequest() {
 		return ErrFlags
 	}
+	if h.Flags&FlagEnc != 0 && h.Flags&FlagMAC == 0 || h.Op.IsHandshake() && h.Flags&FlagMAC == 0 {
+		return ErrFlags
+	}
 	if h.Flags&FlagImm != 0 && (h.Op != OpSend && h.Op != OpWrite || h.Flags&FlagLast == 0) {
 		return ErrFlags
 	}
@@ -286,13 +318,25 @@ func (h *Header) validate() error {
 	return nil
 }
 
-// MACField returns the MACETH bytes inside an encoded header, or nil if
-// the header has none.
+// MACField returns the tag bytes of the AuthETH inside an encoded header,
+// or nil if the header has none.
 func MACField(hdr []byte) []byte {
-	if len(hdr) < BaseLen+MACLen || Flags(hdr[3])&FlagMAC == 0 {
+	if len(hdr) < BaseLen+AuthETHLen || Flags(hdr[3])&FlagMAC == 0 {
 		return nil
 	}
-	return hdr[BaseLen : BaseLen+MACLen]
+	return hdr[BaseLen+12 : BaseLen+AuthETHLen]
+}
+
+// SetAuth writes the session index and counter of the AuthETH of an
+// encoded header in place (the sender fills them in when it signs). It
+// reports false if the header has no AuthETH.
+func SetAuth(hdr []byte, index uint32, counter uint64) bool {
+	if len(hdr) < BaseLen+AuthETHLen || Flags(hdr[3])&FlagMAC == 0 {
+		return false
+	}
+	binary.BigEndian.PutUint32(hdr[BaseLen:], index)
+	binary.BigEndian.PutUint64(hdr[BaseLen+4:], counter)
+	return true
 }
 
 // HeaderLen returns the length of the header at the start of b, reading
@@ -332,8 +376,10 @@ func Parse(b []byte) (h Header, n int, err error) {
 	h.PSN = be.Uint32(b[12:])
 	p := b[BaseLen:n]
 	if h.Flags&FlagMAC != 0 {
-		copy(h.MAC[:], p)
-		p = p[MACLen:]
+		h.AuthIndex = be.Uint32(p)
+		h.AuthCounter = be.Uint64(p[4:])
+		copy(h.MAC[:], p[12:])
+		p = p[AuthETHLen:]
 	}
 	if h.hasDCETH() {
 		h.DCKey = be.Uint64(p)
@@ -375,6 +421,7 @@ func Parse(b []byte) (h Header, n int, err error) {
 		h.CMPSN = be.Uint32(p[8:])
 		h.CMMTU = be.Uint32(p[12:])
 		h.ConnID = be.Uint64(p[16:])
+		h.Cookie = be.Uint64(p[24:])
 	}
 	if err := h.validate(); err != nil {
 		return Header{}, 0, err
@@ -397,6 +444,8 @@ func (h *Header) Append(b []byte) []byte {
 	b = be.AppendUint32(b, h.SrcQP)
 	b = be.AppendUint32(b, h.PSN)
 	if h.Flags&FlagMAC != 0 {
+		b = be.AppendUint32(b, h.AuthIndex)
+		b = be.AppendUint64(b, h.AuthCounter)
 		b = append(b, h.MAC[:]...)
 	}
 	if h.hasDCETH() {
@@ -432,6 +481,7 @@ func (h *Header) Append(b []byte) []byte {
 		b = be.AppendUint32(b, h.CMPSN)
 		b = be.AppendUint32(b, h.CMMTU)
 		b = be.AppendUint64(b, h.ConnID)
+		b = be.AppendUint64(b, h.Cookie)
 	}
 	return b
 }

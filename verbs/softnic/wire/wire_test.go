@@ -23,6 +23,10 @@ func seedHeaders() []Header {
 		{Op: OpCMRej, Service: 1, ConnID: 7},
 		{Op: OpReadReq, Flags: FlagFirst | FlagLast | FlagDC | FlagMAC, DestQP: 1, SrcQP: 2, PSN: 4, MAC: [16]byte{1, 2, 3}, DCKey: 5, SessionPSN: 4, VA: 64, RKey: 5, DMALen: 8, RespMTU: 4096},
 		{Op: OpAck, Flags: FlagMAC, DestQP: 1, SrcQP: 2, PSN: 4, MAC: [16]byte{15: 9}, Syndrome: SynAck, MSN: 5},
+		{Op: OpWrite, Flags: FlagFirst | FlagMAC | FlagEnc, DestQP: 1, SrcQP: 2, PSN: 4, AuthIndex: 77, AuthCounter: 1<<63 + 1, VA: 8, RKey: 5, DMALen: 8},
+		{Op: OpCMReq, Flags: FlagMAC, AuthIndex: 3, AuthCounter: 9, Service: 1, CMQPN: 2, CMPSN: 3, CMMTU: 4096, ConnID: 5, Cookie: 1<<64 - 2},
+		{Op: OpHSInit, Flags: FlagMAC},
+		{Op: OpHSResp, Flags: FlagMAC, MAC: [16]byte{1}},
 	}
 }
 
@@ -143,4 +147,29 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("second parse: %+v %d %v, want %+v %d", h2, n2, err, h, n)
 		}
 	})
+}
+
+// TestAuthFlagsRules: FlagEnc and the handshake opcodes need an AuthETH;
+// SetAuth and MACField address its fields in place.
+func TestAuthFlagsRules(t *testing.T) {
+	for _, h := range []Header{{Op: OpHSInit}, {Op: OpAck, Flags: FlagEnc}} {
+		b := (&Header{Op: OpAck}).Append(nil)
+		b[2], b[3] = byte(h.Op), byte(h.Flags)
+		if _, _, err := Parse(append(b, make([]byte, 64)...)); err == nil {
+			t.Errorf("%v flags %v parsed without an AuthETH", h.Op, h.Flags)
+		}
+	}
+	h := Header{Op: OpAck, Flags: FlagMAC, Syndrome: SynAck}
+	b := h.Append(nil)
+	if !SetAuth(b, 0xAABBCCDD, 1<<40+7) {
+		t.Fatal("SetAuth refused a header with AuthETH")
+	}
+	copy(MACField(b), "0123456789abcdef")
+	got, _, err := Parse(b)
+	if err != nil || got.AuthIndex != 0xAABBCCDD || got.AuthCounter != 1<<40+7 || string(got.MAC[:]) != "0123456789abcdef" {
+		t.Fatalf("AuthETH round trip: %+v %v", got, err)
+	}
+	if SetAuth((&Header{Op: OpAck}).Append(nil), 1, 1) || MACField((&Header{Op: OpAck}).Append(nil)) != nil {
+		t.Fatal("AuthETH accessors on a header without one")
+	}
 }
