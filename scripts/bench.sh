@@ -14,6 +14,8 @@
 # (also printed) and SVG plots. Raw outputs stay in OUTDIR/raw.
 #
 # Environment: GO (go), QUICK=1 for a smoke run with few iterations,
+# MESH=1 to add the full-mesh benchmarks (240 nodes and the sweep: about
+# two more minutes, so not by default),
 # CLUSTER=0 to leave out the rows across veth from a 2-host namespace cluster
 # (scripts/cluster.sh with its own namespace prefix kbench-, so it does
 # not disturb tests/e2e or another cluster; on by default when root, needs
@@ -32,7 +34,7 @@ log() { printf '[bench %3ds] %s\n' $(($(date +%s) - T0)) "$*" >&2; }
 if [[ ${QUICK:-0} == 1 ]]; then
 	LAT_N=300 RATE_N=3000 BW_N=64 SWEEP_N=50 CONN_N=100 GB_LAT=2000x GB_RATE=20000x GB_BW=200x GB_CONN=200x GB_META=2000x MESH=0 RATE_D=1 FIO_S=4
 else
-	LAT_N=20000 RATE_N=200000 BW_N=2000 SWEEP_N=1000 CONN_N=3000 GB_LAT=20000x GB_RATE=200000x GB_BW=2000x GB_CONN=2000x GB_META=20000x MESH=1 RATE_D=3 FIO_S=16
+	LAT_N=20000 RATE_N=200000 BW_N=2000 SWEEP_N=1000 CONN_N=3000 GB_LAT=20000x GB_RATE=200000x GB_BW=2000x GB_CONN=2000x GB_META=20000x MESH=${MESH:-0} RATE_D=3 FIO_S=16
 fi
 
 log "building bin/krfs"
