@@ -524,7 +524,11 @@ func (s *suite) markdown() string {
 		if v == "MISSED" {
 			v = "**MISSED**"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.What, r.Unit, fmtNum(r.Krfs), r.BaseName, fmtNum(r.Baseline), ratio, r.Limit, r.Target, v)
+		k := fmtNum(r.Krfs)
+		if r.Unit == "fragments" {
+			k = strconv.FormatFloat(r.Krfs, 'f', 0, 64) // 0 is the figure, not a gap
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.What, r.Unit, k, r.BaseName, fmtNum(r.Baseline), ratio, r.Limit, r.Target, v)
 	}
 	if sw := s.krfs("api_sweep"); sw != nil {
 		b.WriteString("\n## READ latency vs size (p50 us)\n\n| bytes | Go API | FUSE pread | no-op go-fuse pread | UDP ping-pong |\n|---:|---:|---:|---:|---:|\n")
