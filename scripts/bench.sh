@@ -74,7 +74,7 @@ CLUSTER_UP=
 BASE_PIDS=
 cleanup() {
 	# Closing their stdin stops the veth baseline servers (krfs-baseline).
-	exec 7>&- 8>&- 2>/dev/null || true
+	exec 7>&- 8>&-
 	for p in $BASE_PIDS; do
 		for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
 		kill "$p" 2>/dev/null || true
@@ -225,7 +225,8 @@ veth_rows() {
 	# daemon's own (anonymous) memory.
 	if command -v fio >/dev/null; then
 		log "fio randrw, 4 jobs, bsrange 512-1M, ${FIO_S}s on ${cfile[1]}"
-		if fio --name=krfs --filename="${cfile[1]}" --rw=randrw --numjobs=4 --bsrange=512-1M --size=4M \
+		# timeout: a krfs operation that never completes must not hang the suite.
+		if timeout -s KILL $((FIO_S + 60)) fio --name=krfs --filename="${cfile[1]}" --rw=randrw --numjobs=4 --bsrange=512-1M --size=4M \
 			--ioengine=psync --time_based --runtime=$FIO_S --group_reporting >"$RAW/veth_fio.log" 2>&1; then
 			echo "fio_rssanon_kib $(awk '/^RssAnon:/ { print $2 }' "/proc/$(cat "$MNT/cluster/h1.pid")/status")" >>"$kv"
 		else
