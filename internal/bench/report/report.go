@@ -469,7 +469,11 @@ func (s *suite) vethRows() {
 	}
 	if v, ok := s.res.Extra["fio_rssanon_kib"]; ok {
 		mib := v / 1024
-		s.add(resultRow{Section: sec, What: "requesting daemon's RssAnon after fio (randrw, 4 jobs, bsrange 512-1M) on a peer file", Unit: "MiB", Krfs: mib,
+		what := "requesting daemon's RssAnon after fio (randrw, 4 jobs, bsrange 512-1M) on a peer file"
+		if rc := s.res.Extra["fio_rc"]; rc != 0 {
+			what += fmt.Sprintf(" (fio exited with %.0f: I/O errors, see raw/veth_fio.log)", rc)
+		}
+		s.add(resultRow{Section: sec, What: what, Unit: "MiB", Krfs: mib,
 			Limit: "exported memory is shared, not counted", Target: "<= 64 MiB", Verdict: verdict(mib <= 64), Source: "/proc/PID/status of host 1's krfs mount"}, nil)
 	} else {
 		s.missing("fio RssAnon")
