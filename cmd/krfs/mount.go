@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -71,13 +70,6 @@ func runMount(args []string, stdout, stderr io.Writer) (err error) {
 	// vs 5.2-5.9 on 2 vCPUs); an explicit GOMAXPROCS in the environment wins.
 	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < 8 {
 		runtime.GOMAXPROCS(8)
-	}
-	// The daemon's own memory is garbage of per-request buffers, not live
-	// data: after fio (randrw, 4 jobs, 512 B-1 MiB) through a peer file it
-	// held 181-314 MiB anonymous with the GC's default pacing, 39 MiB with a
-	// soft limit (issue 10: at most 64 MiB). An explicit GOMEMLIMIT wins.
-	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(48 << 20)
 	}
 	var f mountFlags
 	orig := append([]string(nil), args...)
