@@ -137,7 +137,7 @@ func benchNodes(b *testing.B, res qpcore.Resolver, set func(meta.NodeInfo)) (*qp
 		if err != nil {
 			b.Fatal(err)
 		}
-		n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: gid, NoDrive: os.Getenv("KRFS_NODRIVE") != ""})
+		n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: gid, Drive: os.Getenv("KRFS_DRIVE") != ""})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -14,6 +14,8 @@
 # (also printed) and SVG plots. Raw outputs stay in OUTDIR/raw.
 #
 # Environment: GO (go), QUICK=1 for a smoke run with few iterations,
+# MESH=1 to add the full-mesh benchmarks (240 nodes and the sweep: about
+# two more minutes, so not by default),
 # CLUSTER=0 to leave out the rows across veth from a 2-host namespace cluster
 # (scripts/cluster.sh with its own namespace prefix kbench-, so it does
 # not disturb tests/e2e or another cluster; on by default when root, needs
@@ -30,15 +32,17 @@ log() { printf '[bench %3ds] %s\n' $(($(date +%s) - T0)) "$*" >&2; }
 
 # Iterations: full run by default, QUICK=1 for a smoke test.
 if [[ ${QUICK:-0} == 1 ]]; then
-	LAT_N=300 RATE_N=3000 BW_N=64 SWEEP_N=50 CONN_N=100 GB_LAT=2000x GB_RATE=20000x GB_BW=200x GB_CONN=200x GB_META=2000x MESH=0
+	LAT_N=300 RATE_N=3000 BW_N=64 SWEEP_N=50 CONN_N=100 GB_LAT=2000x GB_RATE=20000x GB_BW=200x GB_CONN=200x GB_META=2000x MESH=0 RATE_D=1 FIO_S=4
 else
-	LAT_N=20000 RATE_N=200000 BW_N=2000 SWEEP_N=1000 CONN_N=3000 GB_LAT=20000x GB_RATE=200000x GB_BW=2000x GB_CONN=2000x GB_META=20000x MESH=1
+	LAT_N=20000 RATE_N=200000 BW_N=2000 SWEEP_N=1000 CONN_N=3000 GB_LAT=20000x GB_RATE=200000x GB_BW=2000x GB_CONN=2000x GB_META=20000x MESH=${MESH:-0} RATE_D=3 FIO_S=16
 fi
 
 log "building bin/krfs"
 mkdir -p bin
 $GO build -o bin/krfs ./cmd/krfs
 KRFS=$PWD/bin/krfs
+$GO build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline
+KBASE=$PWD/bin/krfs-baseline
 
 # Go benchmarks, one at a time (with 2 vCPUs anything beside a
 # measurement is part of it). Test binaries are built first so that
@@ -67,7 +71,16 @@ MNT=$(mktemp -d /tmp/krfs-bench.XXXXXX)
 MOUNT_PID=
 CAT_PID=
 CLUSTER_UP=
+BASE_PIDS=
 cleanup() {
+	# Closing their stdin stops the veth baseline servers (krfs-baseline).
+	exec 7>&- 8>&-
+	for p in $BASE_PIDS; do
+		for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		kill "$p" 2>/dev/null || true
+	done
+	BASE_PIDS=
+	if grep -qs " $MNT/floor " /proc/self/mountinfo; then umount -l "$MNT/floor" 2>/dev/null || true; fi
 	if [[ -n $CLUSTER_UP ]]; then
 		KRFS_NS=kbench KRFS_DIR=$MNT/cluster scripts/cluster.sh down >/dev/null 2>&1 || true
 		CLUSTER_UP=
@@ -141,6 +154,92 @@ else
 	log "not root or no /dev/fuse: skipping the rows that need a mount"
 fi
 
+# fragcreates NS: Ip FragCreates of namespace NS (/proc/net/snmp is per
+# network namespace).
+fragcreates() {
+	nsenter --net="/run/netns/$1" awk '/^Ip:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "FragCreates") c = i; h = 1 } else print $c }' /proc/net/snmp
+}
+
+# waitline FILE: waits until FILE has a line (a helper printed its address).
+waitline() {
+	for _ in $(seq 100); do
+		[[ -s $1 ]] && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+# veth_rows: the rows across the veth of a 2-host cluster, each beside a
+# baseline on the same veth: host 1 (kbench-h1, $NET.1) reads host 2's
+# memory; the baselines' servers run on host 2 (UDP echo, TCP) and on
+# host 1 (the FUSE floor, a go-fuse server in its own process whose every
+# read is one UDP round trip to host 2). Extra figures go to raw/extra.kv
+# ("key value" lines).
+veth_rows() {
+	local net=${KRFS_NET:-10.77.0} h1="nsenter --net=/run/netns/kbench-h1" h2="nsenter --net=/run/netns/kbench-h2"
+	local kv=$RAW/extra.kv g2 udp tcp floor ns
+	for ns in h1 h2 meta; do echo "frag_before_$ns $(fragcreates kbench-$ns)" >>"$kv"; done
+	g2=$(sed -n 's/.* gid=\([0-9]*\).*/\1/p' "$MNT/cluster/h2.log" | head -1)
+	local capi=(--meta "$net.254:4790" --gid "$g2" --listen "$net.1:0")
+	local cfile=(--path "$MNT/cluster/h1/peers/$g2/mem")
+	mkfifo "$MNT/srv.in" "$MNT/floor.in"
+	$h2 "$KBASE" serve -addr "$net.2" <"$MNT/srv.in" >"$MNT/srv.out" 2>"$RAW/veth_srv.err" &
+	BASE_PIDS="$BASE_PIDS $!"
+	exec 7>"$MNT/srv.in"
+	if ! waitline "$MNT/srv.out"; then
+		log "veth baseline server did not start (see $RAW/veth_srv.err)"
+		return
+	fi
+	udp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$MNT/srv.out")
+	tcp=$(sed -n 's/.*tcp=\([^ ]*\).*/\1/p' "$MNT/srv.out")
+	mkdir -p "$MNT/floor"
+	$h1 "$KBASE" floor -dir "$MNT/floor" -addr "$net.1" -to "$udp" <"$MNT/floor.in" >"$MNT/floor.out" 2>"$RAW/veth_floor.err" &
+	BASE_PIDS="$BASE_PIDS $!"
+	exec 8>"$MNT/floor.in"
+	waitline "$MNT/floor.out" || log "FUSE floor did not mount (see $RAW/veth_floor.err)"
+	floor=$(sed -n 's/^path=//p' "$MNT/floor.out")
+	base() { # NAME ARGS...: one krfs-baseline measurement, JSON in raw/NAME.json
+		local name=$1
+		shift
+		log "krfs-baseline $*"
+		if ! "$@" >"$RAW/$name.json" 2>"$RAW/$name.err"; then
+			log "FAILED: $* ($(tail -1 "$RAW/$name.err"))"
+			rm -f "$RAW/$name.json"
+		fi
+	}
+	# Paired: each krfs row right after (or before) its baseline.
+	base veth_base_udp8 $h1 "$KBASE" udp -addr "$net.1" -to "$udp" -n $LAT_N -s 8
+	KB_PREFIX=$h1 kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N "${capi[@]}"
+	if [[ -n $floor ]]; then
+		base veth_base_floor_lat8 "$KBASE" pread -path "$floor" -n $LAT_N -s 8
+	fi
+	kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N "${cfile[@]}"
+	if [[ -n $floor ]]; then
+		base veth_base_floor_rate32 "$KBASE" prate -path "$floor" -t 32 -s 8 -d ${RATE_D}s
+	fi
+	kb veth_fuse_rate32 read_bw -s 8 -t 32 -D $RATE_D "${cfile[@]}"
+	base veth_base_tcp1m $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
+	KB_PREFIX=$h1 kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
+	kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
+	# Memory: fio through host 1's file of host 2's memory, then host 1's
+	# daemon's own (anonymous) memory.
+	if command -v fio >/dev/null; then
+		log "fio randrw, 4 jobs, bsrange 512-1M, ${FIO_S}s on ${cfile[1]}"
+		# timeout: a krfs operation that never completes must not hang the
+		# suite. continue_on_error: a failed I/O is counted (raw/veth_fio.log,
+		# extra.kv fio_rc) and the load goes on for the whole run.
+		local rc=0
+		timeout -s KILL $((FIO_S + 60)) fio --name=krfs --filename="${cfile[1]}" --rw=randrw --numjobs=4 --bsrange=512-1M --size=4M \
+			--ioengine=psync --time_based --runtime=$FIO_S --continue_on_error=all --group_reporting >"$RAW/veth_fio.log" 2>&1 || rc=$?
+		[[ $rc == 0 ]] || log "fio exited with $rc (see $RAW/veth_fio.log)"
+		echo "fio_rc $rc" >>"$kv"
+		echo "fio_rssanon_kib $(awk '/^RssAnon:/ { print $2 }' "/proc/$(cat "$MNT/cluster/h1.pid")/status")" >>"$kv"
+	else
+		log "fio not installed (apt-get install fio): no memory row"
+	fi
+	for ns in h1 h2 meta; do echo "frag_after_$ns $(fragcreates kbench-$ns)" >>"$kv"; done
+}
+
 if [[ ${CLUSTER:-1} == 1 && $(id -u) == 0 ]] && command -v ip >/dev/null && command -v nsenter >/dev/null; then
 	if [[ -e /run/netns/kbench-sw ]]; then
 		log "a namespace cluster is already up: skipping the veth rows"
@@ -148,14 +247,7 @@ if [[ ${CLUSTER:-1} == 1 && $(id -u) == 0 ]] && command -v ip >/dev/null && comm
 		log "scripts/cluster.sh up 2 (veth rows)"
 		CLUSTER_UP=1
 		if KRFS_NS=kbench KRFS_BIN=$KRFS KRFS_DIR=$MNT/cluster KRFS_MEM=4M scripts/cluster.sh up 2 >"$RAW/cluster.log" 2>&1; then
-			NET=${KRFS_NET:-10.77.0}
-			G2=$(sed -n 's/.* gid=\([0-9]*\).*/\1/p' "$MNT/cluster/h2.log" | head -1)
-			CAPI=(--meta "$NET.254:4790" --gid "$G2" --listen "$NET.1:0")
-			CFILE=(--path "$MNT/cluster/h1/peers/$G2/mem")
-			KB_PREFIX="nsenter --net=/run/netns/kbench-h1" kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CAPI[@]}"
-			kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N --baseline "${CFILE[@]}"
-			KB_PREFIX="nsenter --net=/run/netns/kbench-h1" kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CAPI[@]}"
-			kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N --baseline "${CFILE[@]}"
+			veth_rows
 		else
 			log "cluster.sh up failed (see $RAW/cluster.log)"
 		fi

@@ -92,6 +92,7 @@ type suiteResults struct {
 	Missing   []string                 `json:"missing,omitempty"`
 	GoBench   map[string]goBench       `json:"go_bench"`
 	KrfsBench map[string]*bench.Report `json:"krfs_bench"`
+	Extra     map[string]float64       `json:"extra,omitempty"` // raw/*.kv: "key value" lines
 	Plots     []string                 `json:"plots,omitempty"`
 }
 
@@ -160,7 +161,7 @@ func Dir(dir string, stdout io.Writer) error {
 		return err
 	}
 	res := &suiteResults{Date: time.Now().UTC().Format(time.RFC3339), Machine: machineInfo(),
-		GoBench: map[string]goBench{}, KrfsBench: map[string]*bench.Report{}}
+		GoBench: map[string]goBench{}, KrfsBench: map[string]*bench.Report{}, Extra: map[string]float64{}}
 	for _, e := range ents {
 		p := filepath.Join(raw, e.Name())
 		switch filepath.Ext(e.Name()) {
@@ -183,6 +184,20 @@ func Dir(dir string, stdout io.Writer) error {
 				return fmt.Errorf("%s: %w", p, err)
 			}
 			res.KrfsBench[strings.TrimSuffix(e.Name(), ".json")] = &r
+		case ".kv":
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			for _, l := range strings.Split(string(b), "\n") {
+				f := strings.Fields(l)
+				if len(f) != 2 {
+					continue
+				}
+				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+					res.Extra[f[0]] = v
+				}
+			}
 		}
 	}
 	s := &suite{res: res}
@@ -285,7 +300,7 @@ func (s *suite) rows() {
 	if v, ok := s.metric("BenchmarkQPCoreRead", "read-p50-us"); ok {
 		u, _ := s.metric("BenchmarkQPCoreRead", "udp-pingpong-p50-us")
 		s.add(resultRow{Section: "8-byte READ", What: "qpcore VQP READ, 64 B (in-process)", Unit: "p50 us", Krfs: v, BaseName: "raw-syscall UDP ping-pong 64 B", Baseline: u,
-			Limit: udpLimit, Source: "qpcore BenchmarkQPCoreRead"}, nil)
+			Limit: udpLimit, Source: "qpcore BenchmarkQPCoreRead"}, &target{"<=", 1.3})
 	}
 	if r, n := s.krfs("fuse_read_lat8"), s.krfs("fuse_noop_lat8"); r != nil && n != nil {
 		nb, _ := firstBase(n)
@@ -368,31 +383,14 @@ func (s *suite) rows() {
 			continue
 		}
 		b, _ := firstBase(r)
+		var t *target
+		if k.name == "api_bw1m" {
+			t = &target{">=", 1.0} // issue 10: no regression on loopback
+		}
 		s.add(resultRow{Section: "1 MiB READ bandwidth", What: fmt.Sprintf("%s, %d outstanding", k.what, r.Outstanding), Unit: "MiB/s", Krfs: r.Bandwidth[0].AvgMiBs, BaseName: b.Name, Baseline: b.Baseline,
-			Limit: "memcpy 27-43 GB/s (docs/machine-notes.md)", Source: "krfs bench read_bw -s 1M (" + r.Mode + ")"}, nil)
+			Limit: "memcpy 27-43 GB/s (docs/machine-notes.md)", Source: "krfs bench read_bw -s 1M (" + r.Mode + ")"}, t)
 	}
-	// Across veth (scripts/cluster.sh): baselines are loopback (internal/baseline
-	// never measures a veth).
-	for _, k := range []struct{ name, what string }{
-		{"veth_api_read_lat8", "Go API 8 B READ, host 1 -> host 2 across veth"},
-		{"veth_fuse_read_lat8", "FUSE 8 B pread on host 1's mount of host 2's mem"},
-	} {
-		if r := s.krfs(k.name); r != nil {
-			b, _ := firstBase(r)
-			s.add(resultRow{Section: "across veth (2-host namespace cluster)", What: k.what, Unit: "p50 us", Krfs: latP50(r, 0), BaseName: "raw-syscall UDP ping-pong (loopback)", Baseline: b.Baseline,
-				Limit: "UDP across veth ~11.6 us (docs/machine-notes.md)", Source: "krfs bench read_lat (scripts/cluster.sh up 2)"}, nil)
-		}
-	}
-	for _, k := range []struct{ name, what string }{
-		{"veth_api_bw1m", "Go API 1 MiB READs across veth, 4 outstanding"},
-		{"veth_fuse_bw1m", "FUSE 1 MiB preads across veth, 4 outstanding"},
-	} {
-		if r := s.krfs(k.name); r != nil && len(r.Bandwidth) > 0 {
-			b, _ := firstBase(r)
-			s.add(resultRow{Section: "across veth (2-host namespace cluster)", What: k.what, Unit: "MiB/s", Krfs: r.Bandwidth[0].AvgMiBs, BaseName: b.Name + " (loopback)", Baseline: b.Baseline,
-				Limit: "TCP across veth ~2.2 GB/s (docs/machine-notes.md)", Source: "krfs bench read_bw (scripts/cluster.sh up 2)"}, nil)
-		}
-	}
+	s.vethRows()
 	// Memory.
 	if h, ok := s.metric("BenchmarkQPCoreMemory", "rss-MiB-10000peers"); ok {
 		rc, _ := s.metric("BenchmarkQPCoreMemory", "rc-mesh-B/peer")
@@ -428,6 +426,66 @@ func (s *suite) rows() {
 		rc, _ := s.metric("BenchmarkQPCoreElasticStart", "rc-ms")
 		s.add(resultRow{Section: "elastic start", What: "fresh node: open + 8-byte READ from 100 peers (VQPs over DCT)", Unit: "ms", Krfs: k,
 			BaseName: "fresh NIC: RC QP + handshake + READ per peer", Baseline: rc, Source: "qpcore BenchmarkQPCoreElasticStart"}, nil)
+	}
+}
+
+// vethRows are the rows across the veth of a 2-host namespace cluster
+// (scripts/bench.sh's veth_rows), each beside a baseline measured on the
+// same veth in the same run, with issue 10's targets; then the requesting
+// daemon's memory after fio and the IP fragments each namespace created.
+func (s *suite) vethRows() {
+	const sec = "across veth (2-host namespace cluster)"
+	rate := func(r *bench.Report) float64 {
+		if r == nil || len(r.Bandwidth) == 0 {
+			return 0
+		}
+		return r.Bandwidth[0].MsgRateMpps * 1e3
+	}
+	mibs := func(r *bench.Report) float64 {
+		if r == nil || len(r.Bandwidth) == 0 {
+			return 0
+		}
+		return r.Bandwidth[0].AvgMiBs
+	}
+	lat := func(r *bench.Report) float64 { return latP50(r, 0) }
+	for _, k := range []struct {
+		krfs, base, what, baseName, unit string
+		get                              func(*bench.Report) float64
+		t                                target
+	}{
+		{"veth_api_read_lat8", "veth_base_udp8", "Go API 8 B READ, host 1 -> host 2", "raw UDP ping-pong 8 B, same veth", "p50 us", lat, target{"<=", 1.3}},
+		{"veth_fuse_read_lat8", "veth_base_floor_lat8", "FUSE 8 B pread on host 1's mount of host 2's mem", "FUSE floor (go-fuse, own process, one UDP RTT per read), same veth", "p50 us", lat, target{"<=", 1.2}},
+		{"veth_fuse_rate32", "veth_base_floor_rate32", "FUSE 8 B preads, 32 threads", "FUSE floor, 32 threads, same veth", "kops/s", rate, target{">=", 0.8}},
+		{"veth_api_bw1m", "veth_base_tcp1m", "Go API 1 MiB READs, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibs, target{">=", 0.9}},
+		{"veth_fuse_bw1m", "veth_base_tcp1m", "FUSE 1 MiB preads, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibs, target{">=", 0.6}},
+	} {
+		r, b := s.krfs(k.krfs), s.krfs(k.base)
+		if r == nil || b == nil || k.get(r) == 0 || k.get(b) == 0 {
+			s.missing(k.krfs + " / " + k.base)
+			continue
+		}
+		s.add(resultRow{Section: sec, What: k.what, Unit: k.unit, Krfs: k.get(r), BaseName: k.baseName, Baseline: k.get(b),
+			Source: "krfs bench " + r.Test + " vs krfs-baseline (scripts/bench.sh veth_rows)"}, &k.t)
+	}
+	if v, ok := s.res.Extra["fio_rssanon_kib"]; ok {
+		mib := v / 1024
+		what := "requesting daemon's RssAnon after fio (randrw, 4 jobs, bsrange 512-1M) on a peer file"
+		if rc := s.res.Extra["fio_rc"]; rc != 0 {
+			what += fmt.Sprintf(" (fio exited with %.0f: I/O errors, see raw/veth_fio.log)", rc)
+		}
+		s.add(resultRow{Section: sec, What: what, Unit: "MiB", Krfs: mib,
+			Limit: "exported memory is shared, not counted", Target: "<= 64 MiB", Verdict: verdict(mib <= 64), Source: "/proc/PID/status of host 1's krfs mount"}, nil)
+	} else {
+		s.missing("fio RssAnon")
+	}
+	for _, ns := range []string{"h1", "h2", "meta"} {
+		b, ok1 := s.res.Extra["frag_before_"+ns]
+		a, ok2 := s.res.Extra["frag_after_"+ns]
+		if !ok1 || !ok2 {
+			continue
+		}
+		s.add(resultRow{Section: sec, What: fmt.Sprintf("Ip FragCreates in namespace %s during the veth rows (before %.0f, after %.0f)", ns, b, a), Unit: "fragments",
+			Krfs: a - b, Target: "0", Verdict: verdict(a == b), Source: "/proc/net/snmp"}, nil)
 	}
 }
 
@@ -470,7 +528,11 @@ func (s *suite) markdown() string {
 		if v == "MISSED" {
 			v = "**MISSED**"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.What, r.Unit, fmtNum(r.Krfs), r.BaseName, fmtNum(r.Baseline), ratio, r.Limit, r.Target, v)
+		k := fmtNum(r.Krfs)
+		if r.Unit == "fragments" {
+			k = strconv.FormatFloat(r.Krfs, 'f', 0, 64) // 0 is the figure, not a gap
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.What, r.Unit, k, r.BaseName, fmtNum(r.Baseline), ratio, r.Limit, r.Target, v)
 	}
 	if sw := s.krfs("api_sweep"); sw != nil {
 		b.WriteString("\n## READ latency vs size (p50 us)\n\n| bytes | Go API | FUSE pread | no-op go-fuse pread | UDP ping-pong |\n|---:|---:|---:|---:|---:|\n")
