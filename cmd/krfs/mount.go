@@ -46,7 +46,12 @@ type mountFlags struct {
 	port        int
 	gidIndex    int
 	options     []string // -o, mount(8) style
-	fuseOpts    []string // generic mount options handed to the kernel
+	maxRegions  int
+	maxRegSize  string
+	portDepth   int
+	memCache    string
+	fuseOpts    []string                                // generic mount options handed to the kernel
+	limits      struct{ maxRegionSize, memCache int64 } // parsed maxRegSize, memCache
 	log         logFlags
 }
 
@@ -71,9 +76,10 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.IntVar(&f.port, "port", 0, "rdma: the device's port number (0: the first active one)")
 	set.IntVar(&f.gidIndex, "gid-index", -1, "rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID, or GID 0 on InfiniBand)")
 	set.StringArrayVarP(&f.options, "options", "o", nil, "mount options OPT[,OPT...] as mount(8) gives them: krfs flags (meta=ADDR, gid=N, allow_other...) and generic ones (see krfs mount --help)")
-	// ADD FLAGS HERE: node.Config / fs.Options knobs (region limit,
-	// port queue depth, message size...) register next to this line and
-	// are copied into the configs in startNode and runMount.
+	set.IntVar(&f.maxRegions, "max-regions", qpcore.DefaultMaxRegions, "regions this node may export, mem included (at most 4096)")
+	set.StringVar(&f.maxRegSize, "max-region-size", "1T", "largest size of one region (a write or truncate past it fails with EFBIG)")
+	set.IntVar(&f.portDepth, "port-depth", qpcore.DefaultPortDepth, "messages queued on one port before its senders are held back")
+	set.StringVar(&f.memCache, "mem-cache", "32M", "bytes of caller buffers the automatic registration cache may keep registered")
 	f.log.register(set)
 }
 
@@ -189,6 +195,18 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	if mem < 8 || mem > shm.MaxSize {
 		return fmt.Errorf("%w: --mem-size %s: want 8 bytes to 1T", errUsage, f.memSize)
 	}
+	if f.limits.maxRegionSize, err = parseSize(f.maxRegSize); err != nil || f.limits.maxRegionSize < 8 || f.limits.maxRegionSize > shm.MaxSize {
+		return fmt.Errorf("%w: --max-region-size %s: want 8 bytes to 1T", errUsage, f.maxRegSize)
+	}
+	if f.limits.memCache, err = parseSize(f.memCache); err != nil || f.limits.memCache < 0 {
+		return fmt.Errorf("%w: --mem-cache %s: want a size like 32M", errUsage, f.memCache)
+	}
+	if f.maxRegions < 1 || f.maxRegions > 4096 {
+		return fmt.Errorf("%w: --max-regions %d: want 1..4096", errUsage, f.maxRegions)
+	}
+	if f.portDepth < 1 {
+		return fmt.Errorf("%w: --port-depth %d: want at least 1", errUsage, f.portDepth)
+	}
 	if err := shm.CheckFits(storeDir(f.shmDir, uint32(f.gid)), mem); err != nil {
 		return fmt.Errorf("--mem-size %s: %w", f.memSize, err)
 	}
@@ -236,7 +254,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 		be = node.Metered(n, ops)
 	}
 
-	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm,
+	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm, MaxRegionSize: f.limits.maxRegionSize,
 		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts})
 	if err != nil {
 		n.CloseAndDiscard() // a failed mount leaves no region directory behind
@@ -293,11 +311,14 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, listen ne
 		log.Warnf("NIC has no DC transport (%s): RC only", opened.DCNote)
 	}
 	return node.Start(context.Background(), node.Config{
-		Device:  opened.Dev,
-		Meta:    servers,
-		QPCore:  qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout},
-		MemSize: mem,
-		ShmDir:  f.shmDir,
+		Device: opened.Dev,
+		Meta:   servers,
+		QPCore: qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout,
+			NoDC: !opened.DC, Transport: opened.Transport, MaxRegions: f.maxRegions, PortDepth: f.portDepth,
+			MemCacheSize: int(f.limits.memCache)},
+		MemSize:       mem,
+		MaxRegionSize: f.limits.maxRegionSize,
+		ShmDir:        f.shmDir,
 		// The meta service is a peer too: --timeout bounds a listing's query.
 		MetaTimeout: f.timeout,
 	}, log)
