@@ -109,7 +109,10 @@ func startClient(t testing.TB, dev *softnic.Device, cfg ClientConfig) *Client {
 // real time, far beyond what any test needs even on a busy machine (what
 // is timed runs on a manual clock or is judged by counts).
 func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Five minutes: a hang guard. TestTenThousandNodes (on a manual clock
+	// that never moves) took over two minutes of real time with -race on
+	// a 2-vCPU machine busy with other test processes.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

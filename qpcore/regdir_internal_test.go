@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -126,7 +127,7 @@ func TestDirectorySeqlockUnderUpdates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
 	v, err := a.Connect(ctx, 2)
 	if err != nil {
@@ -137,11 +138,25 @@ func TestDirectorySeqlockUnderUpdates(t *testing.T) {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	wg.Add(1)
+	// The writer is paced by the reader, not by real time: a few updates
+	// while each directory read is under way. A writer paced by a sleep
+	// starved every READ when the machine was loaded (a READ that takes
+	// longer than the sleep is always torn, and the reader never ends).
+	readStarted := make(chan struct{}, 1)
 	go func() {
 		defer wg.Done()
-		for k := uint32(0); !stop.Load(); k++ {
-			b.SetOwner("y", k, k, k)
-			time.Sleep(10 * time.Microsecond) // pacing only: a writer that never pauses starves every READ
+		k := uint32(0)
+		for !stop.Load() {
+			select {
+			case <-readStarted:
+			case <-time.After(time.Millisecond): // only to notice stop
+				continue
+			}
+			for range 4 {
+				k++
+				b.SetOwner("y", k, k, k)
+				runtime.Gosched()
+			}
 		}
 	}()
 	defer func() {
@@ -153,6 +168,10 @@ func TestDirectorySeqlockUnderUpdates(t *testing.T) {
 	for ; reads < 3000; reads++ {
 		p.mu.Lock()
 		a.invalidateDirLocked(p)
+		select {
+		case readStarted <- struct{}{}:
+		default:
+		}
 		err := a.ensureDirLocked(ctx, p)
 		y := p.dir["y"]
 		n := len(p.dir)

@@ -57,10 +57,18 @@ func openAPITarget(o *Opts) (_ *apiTarget, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
+	qc := qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc"}
+	if o.Transport == "rc" {
+		// Measuring RC: the peer turns hot on its first operation and
+		// keeps its RC QP for the run. The default policy (2,000
+		// operations in 100 ms, torn down after 2 s idle) is a rate in real
+		// time that a loaded machine may never reach.
+		qc.RCThreshold, qc.RCIdle = 1, time.Hour
+	}
 	t.n, err = node.Start(ctx, node.Config{
 		Device:       dev,
 		Meta:         servers,
-		QPCore:       qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc"},
+		QPCore:       qc,
 		NoRegister:   !o.Register,
 		StartTimeout: o.Timeout,
 	}, logrus.New())

@@ -10,7 +10,7 @@
 //
 // Check notes the goroutines that exist when it is called. When the test
 // and its earlier-registered cleanups have finished (Check's cleanup is
-// registered first, so it runs last), it waits up to five seconds for
+// registered first, so it runs last), it waits up to a minute (DefaultTimeout) for
 // every goroutine started since to exit, and fails the test with the
 // stacks of those that remain. Goroutines of the runtime and of the
 // testing package (other tests' goroutines, the alarm, signal handling)
