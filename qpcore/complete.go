@@ -37,7 +37,8 @@ import (
 // unanswered; it is not proof of death (see liveness.go): the operations
 // are posted again within their deadlines, the peer is looked up again in
 // the background at its first silence (it may have moved), and only
-// consecutive silent attempts spanning PeerTimeout declare it down.
+// consecutive silent attempts (3/4 of PeerTimeout of silence) declare it
+// down.
 //
 // RNR. A SEND whose receiver had no buffer posted for all the RNR retries
 // is retried after rnrBackoff until its deadline (MsgTimeout).

@@ -94,7 +94,7 @@ type Config struct {
 	// success or error (see "Timeouts and liveness" in the package doc):
 	// one transport attempt lasts PeerTimeout/4 (the QPs' ACK timeout is
 	// PeerTimeout/32 with 7 retries), a peer is declared down after 3
-	// consecutive silent attempts spanning PeerTimeout.
+	// consecutive silent attempts spanning 3/4 of PeerTimeout.
 	PeerTimeout time.Duration
 
 	// MaxPeers bounds the peers this node keeps state for (metadata,

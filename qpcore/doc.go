@@ -159,7 +159,7 @@
 // held by a fence, stalled for a re-lookup) is failed by the housekeeping
 // tick once its deadline passed, with ErrTimeout. A peer is declared down
 // only on evidence of death: 3 consecutive retry-exhausted attempts with
-// no answer in between, spanning PeerTimeout of silence. Then its
+// no answer in between, spanning 3/4 of PeerTimeout of silence. Then its
 // operations fail with ErrPeerUnreachable, new ones at once except one
 // probe at a time (one per attempt), and any answer brings it back. The
 // first silence of a peer also looks it up again in the background, so a

@@ -32,7 +32,8 @@ import (
 // (within their deadline; an atomic, which the peer may have executed,
 // fails with ErrAtomicLost instead). The peer is declared down only on
 // evidence: deathStrikes consecutive retry-exhausted attempts with no
-// answer in between, spanning at least PeerTimeout of silence. Then its
+// answer in between, spanning at least deathStrikes attempts (3/4 of
+// PeerTimeout) of silence. Then its
 // operations fail with ErrPeerUnreachable, queued ones at once, the peer
 // is looked up again (if it moved, the new address is used and it is up
 // again), and new operations fail at once except one probe at a time,
@@ -44,7 +45,8 @@ const (
 	// tries each) fit in PeerTimeout.
 	attemptsPerTimeout = 4
 	// deathStrikes is how many consecutive retry-exhausted attempts, with
-	// no answer in between, make a peer down (with PeerTimeout of silence).
+	// no answer in between, make a peer down; the silence must also span
+	// that many whole attempts (two QP errors at once are one silence).
 	deathStrikes = 3
 )
 
@@ -65,7 +67,7 @@ func (n *Node) struckLocked(p *peer, now time.Time) bool {
 		p.silentFrom = now.Add(-n.attempt)
 	}
 	p.strikes++
-	if p.down || p.strikes < deathStrikes || now.Sub(p.silentFrom) < n.cfg.PeerTimeout {
+	if p.down || p.strikes < deathStrikes || now.Sub(p.silentFrom) < deathStrikes*n.attempt {
 		return false
 	}
 	p.down = true
