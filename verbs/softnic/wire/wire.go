@@ -127,9 +127,8 @@ const (
 	opMax
 )
 
-// CookieReason is the CM_REJ reason byte (in the first byte of the
-// private data) that asks the active side to repeat its CM_REQ with the
-// cookie in CMETH.
+// CookieReason is the private data of a CM_REJ that asks the active side
+// to repeat its CM_REQ with the cookie the CM_REJ carries in CMETH.
 const CookieReason = "cookie"
 
 var opNames = [...]string{"", "SEND", "WRITE", "READ_REQ", "READ_RESP", "CMP_SWAP", "FETCH_ADD", "ACK", "ATOMIC_ACK", "CM_REQ", "CM_REP", "CM_RTU", "CM_REJ", "HS_INIT", "HS_RESP"}
