@@ -1,0 +1,37 @@
+package dct
+
+import (
+	"testing"
+
+	"github.com/krfs/krfs/verbs"
+)
+
+// NoDCT gives a usable SRQ and publishes DCT number 0 and key 0.
+func TestTargetNoDCT(t *testing.T) {
+	h := newHost(t)
+	tg, err := NewTarget(h.pd, h.cq, TargetConfig{SRQDepth: 4, NoDCT: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tg.DCTN() != 0 || tg.Key() != 0 || tg.QP() != nil || tg.SRQ() == nil {
+		t.Fatalf("DCTN %d key %#x QP %v SRQ %v", tg.DCTN(), tg.Key(), tg.QP(), tg.SRQ())
+	}
+	if err := tg.SRQ().PostRecv([]verbs.RecvWR{{ID: 1, Local: verbs.SGE{MR: h.mr, Length: 64}}}); err != nil {
+		t.Fatalf("PostRecv on the SRQ: %v", err)
+	}
+	if err := tg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.SRQ().PostRecv([]verbs.RecvWR{{ID: 2, Local: verbs.SGE{MR: h.mr, Length: 64}}}); err == nil {
+		t.Fatal("PostRecv after Close succeeded")
+	}
+	// With a DCT, the number is not 0.
+	dc, err := NewTarget(h.pd, h.cq, TargetConfig{SRQDepth: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	if dc.DCTN() == 0 || dc.Key() == 0 || dc.QP() == nil {
+		t.Fatalf("DC target: DCTN %d key %#x", dc.DCTN(), dc.Key())
+	}
+}
