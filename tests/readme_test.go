@@ -78,15 +78,17 @@ func TestReadmeSingleNode(t *testing.T) {
 	// default) and private /dev/shm and /mnt; make build is replaced by
 	// the test's binary (already on PATH), everything else is verbatim.
 	block = strings.Replace(block, "make build && export PATH=$PWD/bin:$PATH", "true # make build: the test's binary is on PATH", 1)
-	prologue := fmt.Sprintf(`
+	// The network namespace is made outside the private mount namespace
+	// (privateNS deletes it at cleanup; inside, the deletion would not
+	// reach the host's /run/netns).
+	ns := privateNS(t, "readme")
+	prologue := `
 mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /mnt
-ip netns add kr%[1]d 2>/dev/null || true
-trap 'umount /mnt/krfs 2>/dev/null || true; ip netns del kr%[1]d 2>/dev/null || true' EXIT
-nsenter --net=/run/netns/kr%[1]d ip link set lo up`, os.Getpid()%100000)
+trap 'umount /mnt/krfs 2>/dev/null || true' EXIT`
 	// Run the block itself inside the network namespace (nsenter --net
 	// keeps the mount namespace, so the mount stays visible to it).
-	script := prologue + "\nnsenter --net=/run/netns/kr" + fmt.Sprint(os.Getpid()%100000) + " bash -eu <<'README'\n" + block + "README\n"
+	script := prologue + "\nnsenter --net=/run/netns/" + ns + " bash -eu <<'README'\n" + block + "README\n"
 	out := runReadme(t, top, bin, "", script)
 	t.Logf("README single-node output:\n%s", out)
 	wantLines(t, out, "krfs: mounted, daemon pid", "hello", "0", "1", "9", "not swapped (exit 1)", "hi")
