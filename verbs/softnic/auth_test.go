@@ -223,3 +223,27 @@ func (recvFunc) Steer(netip.AddrPort, []byte, int, int) []byte { return nil }
 func (f recvFunc) Deliver(from netip.AddrPort, hdr, payload []byte) {
 	f(from, hdr, payload)
 }
+
+// TestEncryptMustMatch: Encrypt needs a key, and a device drops packets
+// whose encryption differs from its own setting (counted), so a
+// misconfigured pair fails to connect instead of exchanging clear text.
+func TestEncryptMustMatch(t *testing.T) {
+	fb := newFabric(t, "fake", faults{})
+	if _, err := softnic.Open(softnic.Config{Link: fb.link(), Encrypt: true}); err == nil {
+		t.Fatal("Encrypt without a ClusterKey accepted")
+	}
+	key := []byte("cluster secret 16+")
+	a := keyedNodeCfg(fb, softnic.Config{ClusterKey: key, Encrypt: true})
+	b := keyedNodeCfg(fb, softnic.Config{ClusterKey: key})
+	if err := b.dev.ListenRC(1, func(verbs.ConnRequest) (verbs.QP, []byte, error) { return b.rcQP(), nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := contextWithTimeout(2 * time.Second)
+	defer cancel()
+	if _, err := a.dev.ConnectRC(ctx, a.rcQP(), b.dev.Addr(), 1, verbs.ConnParams{}); err == nil {
+		t.Fatal("an encrypting and a clear device connected")
+	}
+	if b.dev.AuthStats().BadTag == 0 {
+		t.Fatalf("mismatched packets not counted: %+v", b.dev.AuthStats())
+	}
+}
