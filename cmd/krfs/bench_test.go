@@ -144,7 +144,7 @@ func TestBenchFuseNoop(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil || len(r.Tables) != 1 || r.Tables[0].Rows[0].Iterations != 200 || r.Tables[0].Rows[0].Bytes != 4096 {
 		t.Fatalf("%v: %s", err, stdout.String())
 	}
-	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), "krfs-bench-noop") {
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), bench.NoopFsName()+" ") {
 		t.Error("no-op filesystem still mounted")
 	}
 }

@@ -74,7 +74,7 @@ func mountNoop(size int) (string, func(), error) {
 	long := time.Hour
 	srv, err := gofs.Mount(dir, &noopRoot{size: size}, &gofs.Options{
 		EntryTimeout: &long, AttrTimeout: &long, NegativeTimeout: &long,
-		MountOptions: fuse.MountOptions{FsName: "krfs-bench-noop", Name: "krfs-bench-noop", MaxWrite: fs.MaxIO,
+		MountOptions: fuse.MountOptions{FsName: NoopFsName(), Name: "krfs-bench-noop", MaxWrite: fs.MaxIO,
 			DirectMountStrict: true, DisableXAttrs: true,
 			// Same options as krfs's mount; go-fuse's complaint that a
 			// 1 MiB reply does not fit a pipe (it falls back to a copy)
@@ -92,3 +92,8 @@ func mountNoop(size int) (string, func(), error) {
 		os.Remove(dir)
 	}, nil
 }
+
+// NoopFsName is the source name fuse_noop_lat's mount shows in the mount
+// table: it carries the pid, so that a process can tell its own mount from
+// another's.
+func NoopFsName() string { return fmt.Sprintf("krfs-bench-noop-%d", os.Getpid()) }
