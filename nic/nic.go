@@ -63,6 +63,9 @@ type Options struct {
 	Listen string
 	// ClusterKey authenticates softnic packets (see softnic.Config).
 	ClusterKey []byte
+	// Encrypt also encrypts softnic payloads (AES-256-GCM); it needs a
+	// ClusterKey.
+	Encrypt bool
 	// Device, Port and GIDIndex select an RNIC port (rdma; auto when it
 	// picks rdma). Empty, 0 and -1 choose defaults.
 	Device   string
@@ -140,7 +143,7 @@ func openSoftnic(o Options, reason string) (*Opened, error) {
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	dev, err := softnic.OpenUDPKey(listen, o.ClusterKey)
+	dev, err := softnic.OpenUDPAuth(listen, o.ClusterKey, o.Encrypt)
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,7 @@ type mountFlags struct {
 	memSize     string
 	shmDir      string
 	keyFile     string
+	encrypt     bool
 	timeout     time.Duration
 	allowOther  bool
 	defaultPerm bool
@@ -62,6 +63,7 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.StringVar(&f.memSize, "mem-size", "16M", "size of the default region mem (like 16M, 1G)")
 	set.StringVar(&f.shmDir, "shm-dir", "", "directory of the region files (default /dev/shm/krfs-GID)")
 	set.StringVar(&f.keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it")
+	set.BoolVar(&f.encrypt, "encrypt", false, "also encrypt payloads (AES-256-GCM; needs --cluster-key-file, and every node must agree)")
 	set.DurationVar(&f.timeout, "timeout", time.Second, "how long an operation to an unresponsive peer takes to fail")
 	set.BoolVar(&f.allowOther, "allow-other", false, "let users other than root use the mount")
 	set.BoolVar(&f.defaultPerm, "default-permissions", false, "let the kernel enforce file modes and owners")
@@ -295,7 +297,10 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, listen ne
 	if err != nil {
 		return nil, err
 	}
-	opened, err := nic.Open(nic.Options{Backend: backend, Listen: listen.String(), ClusterKey: key,
+	if f.encrypt && len(key) == 0 {
+		return nil, fmt.Errorf("%w: --encrypt needs --cluster-key-file", errUsage)
+	}
+	opened, err := nic.Open(nic.Options{Backend: backend, Listen: listen.String(), ClusterKey: key, Encrypt: f.encrypt,
 		Device: f.device, Port: f.port, GIDIndex: f.gidIndex})
 	switch {
 	case errors.Is(err, unix.EADDRINUSE):

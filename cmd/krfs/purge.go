@@ -13,11 +13,8 @@ func purgeCmd(stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "purge [DIR]",
 		Short: "Free region memory no daemon holds (the region files of DIR, or of every /dev/shm/krfs-* store)",
-		Long: `Delete the region files, lock and directory of a region store that no
-running daemon holds. Without DIR, every /dev/shm/krfs-* store not in use.
-A store in use is refused and named; its contents are never touched.
-The regions' contents are lost.`,
-		Args: cobra.MaximumNArgs(1),
+		Long:  "Delete the region files, lock and directory of a store no running daemon holds (their contents are lost).\nWithout DIR, every /dev/shm/krfs-* store not in use. A store in use is refused and named, and left untouched.",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			dir := ""
 			if len(args) == 1 {
