@@ -35,20 +35,7 @@ for i in range(count):
 func TestForgedConnectionFlood(t *testing.T) {
 	c := newCluster(t, 2)
 	h1, h2 := c.mnt(1), c.mnt(2)
-	ns := fmt.Sprintf("ke%d", os.Getpid()%100000)
-	x := ns + "-f"
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v %s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", x)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", x).Run() })
-	run("ip", "-n", ns+"-sw", "link", "add", "v-f", "type", "veth", "peer", "name", "eth0", "netns", x)
-	run("ip", "-n", ns+"-sw", "link", "set", "v-f", "master", "br0", "up")
-	run("ip", "-n", x, "addr", "add", "10.78.0.202/24", "dev", "eth0")
-	run("ip", "-n", x, "link", "set", "eth0", "up")
+	x := c.nonMember(t, "f", "10.78.0.202")
 	script := filepath.Join(t.TempDir(), "forge.py")
 	if err := os.WriteFile(script, []byte(forgeCMRequests), 0o644); err != nil {
 		t.Fatal(err)

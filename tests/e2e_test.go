@@ -125,7 +125,7 @@ const clusterUpWait = "300"
 
 func (c *cluster) env() []string {
 	return append(os.Environ(), "KRFS_BIN="+c.bin, "KRFS_DIR="+c.dir, "KRFS_NET=10.78.0", "KRFS_MEM=4M",
-		fmt.Sprintf("KRFS_NS=ke%d", os.Getpid()%100000),
+		"KRFS_NS="+c.prefix(),
 		"KRFS_MOUNT_FLAGS=--timeout "+clusterPeerTimeout+" "+os.Getenv("KRFS_MOUNT_FLAGS"),
 		"KRFS_UP_WAIT="+clusterUpWait)
 }

@@ -79,20 +79,8 @@ func nsFragMemory(t *testing.T, ns string) int64 {
 func TestFirstFragmentFlood(t *testing.T) {
 	c := newCluster(t, 2)
 	h1 := c.mnt(1)
-	ns := fmt.Sprintf("ke%d", os.Getpid()%100000)
-	x := ns + "-x"
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v %s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", x)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", x).Run() })
-	run("ip", "-n", ns+"-sw", "link", "add", "v-x", "type", "veth", "peer", "name", "eth0", "netns", x)
-	run("ip", "-n", ns+"-sw", "link", "set", "v-x", "master", "br0", "up")
-	run("ip", "-n", x, "addr", "add", "10.78.0.200/24", "dev", "eth0")
-	run("ip", "-n", x, "link", "set", "eth0", "up")
+	ns := c.prefix()
+	x := c.nonMember(t, "x", "10.78.0.200")
 	script := filepath.Join(c.dir, "forge.py")
 	if err := os.WriteFile(script, []byte(forgeFirstFragments), 0o644); err != nil {
 		t.Fatal(err)

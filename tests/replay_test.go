@@ -90,20 +90,8 @@ func TestReplayFromNonMember(t *testing.T) {
 	t.Setenv("KRFS_META_FLAGS", strings.TrimSpace(os.Getenv("KRFS_META_FLAGS")+" --cluster-key-file "+key))
 	c := newCluster(t, 2)
 	h1, h2 := c.mnt(1), c.mnt(2)
-	ns := fmt.Sprintf("ke%d", os.Getpid()%100000)
-	x := ns + "-r"
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v %s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", x)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", x).Run() })
-	run("ip", "-n", ns+"-sw", "link", "add", "v-r", "type", "veth", "peer", "name", "eth0", "netns", x)
-	run("ip", "-n", ns+"-sw", "link", "set", "v-r", "master", "br0", "up")
-	run("ip", "-n", x, "addr", "add", "10.78.0.201/24", "dev", "eth0")
-	run("ip", "-n", x, "link", "set", "eth0", "up")
+	ns := c.prefix()
+	x := c.nonMember(t, "r", "10.78.0.201")
 	for name, src := range map[string]string{"sniff.py": sniffUDP, "replay.py": replayUDP} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
 			t.Fatal(err)
