@@ -422,10 +422,14 @@ func (n *Node) wait(ctx context.Context, o *op) {
 		case <-o.done:
 			return
 		case <-n.scq.Notify():
+			// The notification is ours now: whoever's completions it
+			// announces, poll them before leaving, or they wait in the CQ
+			// for a notification that never comes (every other waiter may
+			// be asleep on it).
+			n.pollSend(1)
 			if o.fin.Load() {
 				return
 			}
-			n.pollSend(1)
 		case <-done:
 			n.cancel1(o, ctx.Err())
 			done = nil
