@@ -70,7 +70,8 @@ type requester struct {
 	tx int     // index in sq of the WR being transmitted
 
 	nextPSN  wire.PSN // next PSN to assign
-	una      wire.PSN // oldest PSN not yet acknowledged
+	una      wire.PSN // oldest PSN not yet acknowledged (see settle)
+	acked    wire.PSN // one past the highest PSN the responder acknowledged
 	sentHigh wire.PSN // one past the highest PSN transmitted
 	rdOut    int      // READs and atomics assigned and not complete
 
@@ -95,7 +96,7 @@ func (r *requester) count() int { return len(r.sq) }
 
 // start sets the first PSN at the RTR->RTS transition.
 func (r *requester) start(psn wire.PSN) {
-	r.nextPSN, r.una, r.sentHigh = psn, psn, psn
+	r.nextPSN, r.una, r.acked, r.sentHigh = psn, psn, psn, psn
 	r.retries, r.rnrRetries = 0, 0
 }
 
@@ -141,7 +142,8 @@ func (r *requester) post(wr *verbs.SendWR) {
 }
 
 // progress transmits what the window, the ORD limit, fences and the DCI
-// target rule allow.
+// target rule allow into out. It does not start the retransmission timer:
+// the caller calls armIfOutstanding once out is on the wire (see there).
 func (r *requester) progress(out *outbox) {
 	q := r.q
 	if q.state != verbs.StateRTS || r.rnrWait {
@@ -205,7 +207,16 @@ func (r *requester) progress(out *outbox) {
 		}
 		r.tx++
 	}
-	if r.una.Less(r.sentHigh) {
+}
+
+// armIfOutstanding starts the retransmission timer if a transmitted PSN
+// is not acknowledged. Call it after the packets that progress built were
+// handed to the link, as a NIC starts its ACK timer when a packet leaves:
+// on a manual clock driven by another goroutine, a timer that exists
+// before its packet could otherwise fire first and count a retry for a
+// packet the network has not even seen.
+func (r *requester) armIfOutstanding() {
+	if r.q.state == verbs.StateRTS && r.una.Less(r.sentHigh) {
 		r.arm()
 	}
 }
@@ -364,6 +375,7 @@ func (r *requester) onTimer() {
 	r.goBackN(r.una)
 	r.progress(&q.out)
 	q.flushOutLocked()
+	r.armIfOutstanding()
 }
 
 // goBackN rewinds transmission to the WR holding psn.
@@ -394,45 +406,60 @@ func (r *requester) goBackN(psn wire.PSN) {
 	}
 }
 
-// ackUpTo records that every PSN up to and including a was executed by the
-// responder: SENDs and WRITEs up to a are done; a READ or atomic up to a
-// whose response is missing was answered and the answer lost, so it is
-// requested again (an implied NAK).
+// ackUpTo records that the responder executed every PSN up to and
+// including a (for a READ, that it answered up to a), then settles the
+// queue.
 func (r *requester) ackUpTo(a wire.PSN) {
 	next := a.Add(1)
 	if r.sentHigh.Less(next) {
 		return // acknowledges something never sent
 	}
-	if r.una.Less(next) {
-		r.una = next
+	if r.acked.Less(next) {
+		r.acked = next
 		r.retries, r.rnrRetries = 0, 0
 		r.lastProgress = r.q.dev.clock.Now()
 	}
+	r.settle()
+}
+
+// settle marks done every WR below acked that needs nothing more: SENDs
+// and WRITEs, READs with all their responses, atomics with their result.
+// A READ or atomic below acked whose response is missing was executed
+// and its answer lost, so it is requested again (an implied NAK, once per
+// gap). una becomes the first PSN still owed: the first missing response
+// of such a READ or atomic, else acked. So una reaches sentHigh exactly
+// when every transmitted WR is done, and the retransmission timer never
+// runs for a queue that owes nothing (it used to, when a READ's lost
+// response was repaired after a later READ completed: the queue drained
+// with una behind sentHigh, and an idle QP timed out into ERR).
+func (r *requester) settle() {
+	una := r.acked
+	gap := false
 	for _, w := range r.sq {
-		if !w.assigned {
+		if !w.assigned || !w.last().Less(r.acked) {
 			break
 		}
 		if w.done {
 			continue
 		}
-		if a.Less(w.last()) {
-			break
+		if !w.rdAtomic() {
+			w.done = true
+			continue
 		}
-		if w.rdAtomic() {
-			// Nothing from its first missing response on counts as
-			// acknowledged until that response arrives.
-			p := w.first.Add(w.rsp)
-			if p.Less(r.una) {
-				r.una = p
-			}
-			if !r.gapValid || r.gapPSN != p {
-				r.gapPSN, r.gapValid = p, true
-				r.goBackN(p)
-			}
-			return
+		if gap {
+			continue // asked again by the goBackN of the first gap
 		}
-		w.done = true
+		gap = true
+		// Nothing from its first missing response on counts as
+		// acknowledged until that response arrives.
+		p := w.first.Add(w.rsp)
+		una = p
+		if !r.gapValid || r.gapPSN != p {
+			r.gapPSN, r.gapValid = p, true
+			r.goBackN(p)
+		}
 	}
+	r.una = una
 }
 
 // complete pops finished WRs from the head of the queue in order.
@@ -566,11 +593,14 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 	case wire.SynNAKSeq:
 		q.stats.NAKSeqRx++
 		r.ackUpTo(psn.Add(wire.PSNMask)) // psn-1
-		if !psn.Less(r.una) && psn.Less(r.sentHigh) {
-			r.goBackN(psn)
+		if r.una.Less(r.sentHigh) && !r.sentHigh.Less(psn) {
+			// From the first PSN owed: psn, or a READ response lost
+			// before it.
+			r.goBackN(r.una)
 		}
 		r.complete()
 		r.progress(out)
+		r.armIfOutstanding()
 		return
 	case wire.SynRNR:
 		q.stats.RNRNAKRx++
@@ -583,7 +613,7 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 			}
 			return
 		}
-		r.goBackN(psn)
+		r.goBackN(r.una) // psn, or a READ response lost before it
 		r.rnrWait = true
 		r.stopTimer()
 		wait := time.Duration(h.RNRTimer) * time.Microsecond
@@ -631,6 +661,7 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 				r.gapPSN, r.gapValid = expect, true
 				r.goBackN(expect)
 				r.progress(out)
+				r.armIfOutstanding()
 			}
 			return
 		}
@@ -651,16 +682,12 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 		}
 		w.rsp++
 		r.gapValid = false
-		// Every PSN before this response was executed by the responder.
-		r.ackUpTo(psn.Add(wire.PSNMask))
-		if r.una == psn {
-			r.una = psn.Add(1)
-			r.retries = 0
-			r.lastProgress = q.dev.clock.Now()
-		}
 		if w.rsp == w.npkts {
 			w.done = true
 		}
+		// Every PSN before this response was executed, and this one
+		// answered.
+		r.ackUpTo(psn)
 	case wire.OpAtomicAck:
 		i := r.find(psn)
 		if i < 0 {
@@ -683,6 +710,7 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 	}
 	r.complete()
 	r.progress(out)
+	r.armIfOutstanding()
 	if debugCheck != nil {
 		debugCheck(r, h)
 	}
@@ -707,6 +735,7 @@ func (r *requester) onRNRTimer() {
 	}
 	r.progress(&q.out)
 	q.flushOutLocked()
+	r.armIfOutstanding()
 }
 
 // samePlace reports whether two slices are the same memory.
