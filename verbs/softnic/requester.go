@@ -76,6 +76,8 @@ type requester struct {
 	rdOut    int      // READs and atomics assigned and not complete
 
 	retries      int
+	uncounted    int    // timeouts since progress not counted in retries (see onTimer)
+	probe        uint64 // receive-path probe sent after the last retransmission; 0 if none
 	rnrRetries   int
 	rnrWait      bool
 	timer        link.Timer
@@ -97,7 +99,7 @@ func (r *requester) count() int { return len(r.sq) }
 // start sets the first PSN at the RTR->RTS transition.
 func (r *requester) start(psn wire.PSN) {
 	r.nextPSN, r.una, r.acked, r.sentHigh = psn, psn, psn, psn
-	r.retries, r.rnrRetries = 0, 0
+	r.retries, r.uncounted, r.probe, r.rnrRetries = 0, 0, 0, 0
 }
 
 // reset drops all WRs without completions and stops timers.
@@ -338,9 +340,33 @@ func (r *requester) arm() {
 	r.timer = r.q.dev.clock.AfterFunc(r.q.attr.Timeout, r.onTimer)
 }
 
-// onTimer runs on the clock's goroutine. It takes the device's receive
-// lock first (lock order rxMu -> qp.mu) because failing the QP completes
-// READs whose buffers a receive may be steering payload into.
+// MaxUncountedTimeouts bounds the ACK timeouts in a row that do not count
+// against a QP's RetryCnt because the device's own receive path had not
+// caught up (see onTimer).
+const MaxUncountedTimeouts = 16
+
+// onTimer runs on the clock's goroutine when no PSN was acknowledged for
+// the ACK timeout: it retransmits go-back-N from una, and counts a retry.
+//
+// As on InfiniBand, RetryCnt+1 timeouts in a row without progress fail
+// the oldest WR with RETRY_EXC_ERR and the QP goes to ERR. A NIC's
+// receive pipeline never falls behind, so its timeout always means that
+// the peer or the network did not answer. Ours is software and can: on a
+// host whose CPUs are busy, an ACK may sit unprocessed in the device's
+// own socket while the timer fires. So after each retransmission on
+// timeout the device sends itself a probe datagram, and the next timeout
+// counts only if the probe has come back through the receive path (which
+// then processed everything that arrived before it); otherwise the
+// timeout retransmits without counting. The first timeout after progress
+// always counts. At most MaxUncountedTimeouts timeouts in a row go
+// uncounted, so a WR to a dead peer fails after RetryCnt+1 timeouts
+// without progress when the host keeps up, and after at most
+// RetryCnt+1+MaxUncountedTimeouts (24 with the default RetryCnt 7) when
+// its receive path is starved or a probe is lost.
+//
+// It takes the device's receive lock first (lock order rxMu -> qp.mu)
+// because failing the QP completes READs whose buffers a receive may be
+// steering payload into.
 func (r *requester) onTimer() {
 	q := r.q
 	d := q.dev
@@ -366,7 +392,11 @@ func (r *requester) onTimer() {
 		return
 	}
 	q.stats.Timeouts++
-	r.retries++
+	if r.probe != 0 && !d.probeSeen(r.probe) && r.uncounted < MaxUncountedTimeouts {
+		r.uncounted++ // an answer may be waiting in our own receive queue
+	} else {
+		r.retries++
+	}
 	if r.retries > q.attr.RetryCnt {
 		r.failFrom(0, verbs.StatusRetryExcErr, verbs.ReasonRemoteDown)
 		q.flushOutLocked()
@@ -375,6 +405,7 @@ func (r *requester) onTimer() {
 	r.goBackN(r.una)
 	r.progress(&q.out)
 	q.flushOutLocked()
+	r.probe = d.sendProbe()
 	r.armIfOutstanding()
 }
 
@@ -416,7 +447,7 @@ func (r *requester) ackUpTo(a wire.PSN) {
 	}
 	if r.acked.Less(next) {
 		r.acked = next
-		r.retries, r.rnrRetries = 0, 0
+		r.retries, r.uncounted, r.probe, r.rnrRetries = 0, 0, 0, 0
 		r.lastProgress = r.q.dev.clock.Now()
 	}
 	r.settle()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
@@ -77,5 +78,101 @@ func TestIdleAfterReadGapNoTimeout(t *testing.T) {
 	post(t, qa, verbs.SendWR{ID: 3, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: sge(a, 0, 16), RemoteAddr: 64, RKey: b.mr.RKey()})
 	if wc := poll(t, a.cq, 1, 0)[0]; wc.Err() != nil {
 		t.Fatalf("WRITE after idling: %v", wc.Err())
+	}
+}
+
+// timeoutsUntilCompletion advances the clock one ACK timeout at a time,
+// letting every packet due be delivered after each step, until a's CQ
+// holds a completion; it returns how many timeouts that took and the
+// completion, or fails after limit.
+func timeoutsUntilCompletion(t *testing.T, fb *fabric, clk *softnictest.ManualClock, a *node, limit int) (int, verbs.WC) {
+	t.Helper()
+	wc := make([]verbs.WC, 1)
+	for i := 1; i <= limit; i++ {
+		clk.Advance(stepTimeout)
+		for fb.net.Flush() > 0 {
+		}
+		a.dev.SyncMemory()
+		if a.cq.Poll(wc) == 1 {
+			return i, wc[0]
+		}
+	}
+	t.Fatalf("no completion after %d ACK timeouts", limit)
+	return 0, verbs.WC{}
+}
+
+// TestRetryCntDeadPeer: with a peer that is gone and a receive path that
+// keeps up, a WR fails with RETRY_EXC_ERR at the (RetryCnt+1)th ACK
+// timeout without progress, as on InfiniBand.
+func TestRetryCntDeadPeer(t *testing.T) {
+	checkLeaks(t)
+	fb, clk := newStepFabric(t, 4)
+	a, b := fb.node(), fb.node()
+	qa, _ := connect(t, a, b, stepTimeout)
+	b.dev.Close()
+	post(t, qa, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: sge(a, 0, 64), RKey: b.mr.RKey()})
+	n, wc := timeoutsUntilCompletion(t, fb, clk, a, 100)
+	if wc.Status != verbs.StatusRetryExcErr {
+		t.Fatalf("WR to a dead peer: %+v", wc)
+	}
+	if n != 7+1 {
+		t.Fatalf("failed after %d ACK timeouts, want RetryCnt+1 = 8", n)
+	}
+}
+
+// TestRetryCntStarvedReceiver: a peer that answers, but whose answers
+// (like everything else reaching the requester's device, its own probes
+// included) are processed only 12 timeouts late, as when the host's CPUs
+// leave the device's receive path unscheduled. Timeouts while the receive
+// path is behind do not count against RetryCnt, so the WR succeeds where
+// 8 counted timeouts would have failed it.
+func TestRetryCntStarvedReceiver(t *testing.T) {
+	checkLeaks(t)
+	fb, clk := newStepFabric(t, 5)
+	a, b := fb.node(), fb.node()
+	qa, _ := connect(t, a, b, stepTimeout)
+	var late atomic.Bool
+	late.Store(true)
+	fb.net.SetFilter(func(from, to netip.AddrPort, h wire.Header, _ []byte) softnictest.Verdict {
+		if late.Load() && to == a.dev.Addr() {
+			return softnictest.Delay(12 * stepTimeout)
+		}
+		return softnictest.Pass
+	})
+	post(t, qa, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: sge(a, 0, 64), RKey: b.mr.RKey()})
+	n, wc := timeoutsUntilCompletion(t, fb, clk, a, 100)
+	late.Store(false)
+	if wc.Err() != nil {
+		t.Fatalf("WR with a starved receive path: %v", wc.Err())
+	}
+	if got := qa.Info().Stats.Timeouts; got <= 7+1 || n != 12 {
+		t.Fatalf("completed after %d timeouts with %d counted by the QP; want 12 and more than RetryCnt+1", n, got)
+	}
+	if st := qa.State(); st != verbs.StateRTS {
+		t.Fatalf("QP in %v", st)
+	}
+}
+
+// TestRetryCntHardBound: a dead peer and a receive path that never
+// catches up (every probe lost) still fail the WR, after exactly
+// RetryCnt+1+MaxUncountedTimeouts ACK timeouts.
+func TestRetryCntHardBound(t *testing.T) {
+	checkLeaks(t)
+	fb, clk := newStepFabric(t, 6)
+	a, b := fb.node(), fb.node()
+	qa, _ := connect(t, a, b, stepTimeout)
+	fb.net.SetFilter(func(from, to netip.AddrPort, h wire.Header, _ []byte) softnictest.Verdict {
+		if to == a.dev.Addr() {
+			return softnictest.Drop // no answers, no probes
+		}
+		return softnictest.Pass
+	})
+	post(t, qa, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: sge(a, 0, 64), RKey: b.mr.RKey()})
+	n, wc := timeoutsUntilCompletion(t, fb, clk, a, 100)
+	if wc.Status != verbs.StatusRetryExcErr {
+		t.Fatalf("WR to a dead peer: %+v", wc)
+	}
+	if want := 7 + 1 + softnic.MaxUncountedTimeouts; n != want {
+		t.Fatalf("failed after %d ACK timeouts, want RetryCnt+1+MaxUncountedTimeouts = %d", n, want)
 	}
 }
