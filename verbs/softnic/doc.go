@@ -28,7 +28,7 @@
 //
 // # Reliability
 //
-// Requests carry 24-bit PSNs. The requester keeps up to 1,024 PSNs in
+// Requests carry 24-bit PSNs. The requester keeps up to 4,096 PSNs in
 // flight, asks for an ACK on every message's last packet and every 16th
 // packet, and retransmits go-back-N from the oldest unacknowledged PSN on
 // timeout (QPAttr.Timeout, RetryCnt times, then RETRY_EXC_ERR), on a

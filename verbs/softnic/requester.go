@@ -624,9 +624,9 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 	case wire.SynNAKSeq:
 		q.stats.NAKSeqRx++
 		r.ackUpTo(psn.Add(wire.PSNMask)) // psn-1
-		if r.una.Less(r.sentHigh) && !r.sentHigh.Less(psn) {
+		if !psn.Less(r.una) && !r.sentHigh.Less(psn) && r.una.Less(r.sentHigh) {
 			// From the first PSN owed: psn, or a READ response lost
-			// before it.
+			// before it. (A NAK for a PSN below una is stale.)
 			r.goBackN(r.una)
 		}
 		r.complete()
