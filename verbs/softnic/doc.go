@@ -44,7 +44,9 @@
 // while the timer fires. So a timeout counts against RetryCnt only if the
 // receive path has caught up since the previous retransmission: after
 // each retransmission on timeout the device sends itself a probe datagram,
-// and the next timeout counts only once the probe came back. At most
+// and the next timeout counts only once the probe came back. Nor does a
+// timer that fired more than a whole Timeout late count: the host itself
+// was stalled, and with it any peer on the same host. At most
 // MaxUncountedTimeouts timeouts in a row go uncounted: a WR to a dead peer
 // fails after RetryCnt+1 timeouts without progress on a host that keeps
 // up, and after at most RetryCnt+1+MaxUncountedTimeouts (24 x Timeout

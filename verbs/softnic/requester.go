@@ -342,7 +342,7 @@ func (r *requester) arm() {
 
 // MaxUncountedTimeouts bounds the ACK timeouts in a row that do not count
 // against a QP's RetryCnt because the device's own receive path had not
-// caught up (see onTimer).
+// caught up or its host was stalled (see onTimer).
 const MaxUncountedTimeouts = 16
 
 // onTimer runs on the clock's goroutine when no PSN was acknowledged for
@@ -356,13 +356,15 @@ const MaxUncountedTimeouts = 16
 // own socket while the timer fires. So after each retransmission on
 // timeout the device sends itself a probe datagram, and the next timeout
 // counts only if the probe has come back through the receive path (which
-// then processed everything that arrived before it); otherwise the
-// timeout retransmits without counting. The first timeout after progress
-// always counts. At most MaxUncountedTimeouts timeouts in a row go
-// uncounted, so a WR to a dead peer fails after RetryCnt+1 timeouts
-// without progress when the host keeps up, and after at most
-// RetryCnt+1+MaxUncountedTimeouts (24 with the default RetryCnt 7) when
-// its receive path is starved or a probe is lost.
+// then processed everything that arrived before it). Nor does a timeout
+// count that fires more than a whole Timeout after its deadline: the host
+// itself was stalled for longer than the peer was given to answer, and
+// so was every peer on the same host (a test's, or the meta server's
+// loopback QP). Such a timeout retransmits without counting. At most
+// MaxUncountedTimeouts timeouts in a row go uncounted, so a WR to a dead
+// peer fails after RetryCnt+1 timeouts without progress when the host
+// keeps up, and after at most RetryCnt+1+MaxUncountedTimeouts (24 with the
+// default RetryCnt 7) when it does not or a probe is lost.
 //
 // It takes the device's receive lock first (lock order rxMu -> qp.mu)
 // because failing the QP completes READs whose buffers a receive may be
@@ -386,14 +388,17 @@ func (r *requester) onTimer() {
 		return
 	}
 	now := d.clock.Now()
-	if wait := r.lastProgress.Add(q.attr.Timeout).Sub(now); wait > 0 {
+	wait := r.lastProgress.Add(q.attr.Timeout).Sub(now)
+	if wait > 0 {
 		r.armed = true
 		r.timer = d.clock.AfterFunc(wait, r.onTimer)
 		return
 	}
 	q.stats.Timeouts++
-	if r.probe != 0 && !d.probeSeen(r.probe) && r.uncounted < MaxUncountedTimeouts {
-		r.uncounted++ // an answer may be waiting in our own receive queue
+	behind := r.probe != 0 && !d.probeSeen(r.probe) // an answer may wait in our own receive queue
+	stalled := -wait > q.attr.Timeout               // this timer ran a whole Timeout late
+	if (behind || stalled) && r.uncounted < MaxUncountedTimeouts {
+		r.uncounted++
 	} else {
 		r.retries++
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
@@ -86,10 +87,15 @@ func TestIdleAfterReadGapNoTimeout(t *testing.T) {
 // holds a completion; it returns how many timeouts that took and the
 // completion, or fails after limit.
 func timeoutsUntilCompletion(t *testing.T, fb *fabric, clk *softnictest.ManualClock, a *node, limit int) (int, verbs.WC) {
+	return stepsUntilCompletion(t, fb, clk, a, stepTimeout, limit)
+}
+
+// stepsUntilCompletion is timeoutsUntilCompletion with steps of step.
+func stepsUntilCompletion(t *testing.T, fb *fabric, clk *softnictest.ManualClock, a *node, step time.Duration, limit int) (int, verbs.WC) {
 	t.Helper()
 	wc := make([]verbs.WC, 1)
 	for i := 1; i <= limit; i++ {
-		clk.Advance(stepTimeout)
+		clk.Advance(step)
 		for fb.net.Flush() > 0 {
 		}
 		a.dev.SyncMemory()
@@ -169,6 +175,42 @@ func TestRetryCntHardBound(t *testing.T) {
 	})
 	post(t, qa, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: sge(a, 0, 64), RKey: b.mr.RKey()})
 	n, wc := timeoutsUntilCompletion(t, fb, clk, a, 100)
+	if wc.Status != verbs.StatusRetryExcErr {
+		t.Fatalf("WR to a dead peer: %+v", wc)
+	}
+	if want := 7 + 1 + softnic.MaxUncountedTimeouts; n != want {
+		t.Fatalf("failed after %d ACK timeouts, want RetryCnt+1+MaxUncountedTimeouts = %d", n, want)
+	}
+}
+
+// stalledClock is a manual clock on a host that stalls: while stall is
+// set, every timer fires that much later than it asked for, as when the
+// process is not scheduled.
+type stalledClock struct {
+	*softnictest.ManualClock
+	stall atomic.Int64 // time.Duration
+}
+
+func (c *stalledClock) AfterFunc(d time.Duration, f func()) link.Timer {
+	return c.ManualClock.AfterFunc(d+time.Duration(c.stall.Load()), f)
+}
+
+// TestRetryCntStalledHost: a timer that fires more than a whole timeout
+// late shows that the host itself was stalled (and with it any peer on
+// the same host), so it does not count against RetryCnt either; a dead
+// peer still fails the WR, after RetryCnt+1+MaxUncountedTimeouts timeouts.
+func TestRetryCntStalledHost(t *testing.T) {
+	checkLeaks(t)
+	fb, clk := newStepFabric(t, 7)
+	sc := &stalledClock{ManualClock: clk}
+	fb.clock = sc
+	a, b := fb.node(), fb.node()
+	qa, _ := connect(t, a, b, stepTimeout)
+	b.dev.Close()
+	sc.stall.Store(int64(2 * stepTimeout))
+	post(t, qa, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: sge(a, 0, 64), RKey: b.mr.RKey()})
+	// Each step fires the one timer, 2 timeouts late.
+	n, wc := stepsUntilCompletion(t, fb, clk, a, 3*stepTimeout, 100)
 	if wc.Status != verbs.StatusRetryExcErr {
 		t.Fatalf("WR to a dead peer: %+v", wc)
 	}
