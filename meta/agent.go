@@ -149,7 +149,14 @@ func (a *Agent) register(ctx context.Context, cn *conn, i int) error {
 	a.mu.Lock()
 	info := a.info
 	a.mu.Unlock()
-	rep, err := cn.call(ctx, message{kind: kindRegister, node: info, leaseMs: uint32(a.cfg.Lease / time.Millisecond)})
+	var rep message
+	boot := cn.boot
+	err := a.c.onServer(ctx, cn, func(cn *conn) error {
+		var err error
+		rep, err = cn.call(ctx, message{kind: kindRegister, node: info, leaseMs: uint32(a.cfg.Lease / time.Millisecond)})
+		boot = cn.boot
+		return err
+	})
 	if err == nil {
 		err = rep.status.err()
 	}
@@ -163,7 +170,7 @@ func (a *Agent) register(ctx context.Context, cn *conn, i int) error {
 	if a.info.GID == 0 {
 		a.info.GID = rep.node.GID
 	}
-	*st = agentServer{registered: true, serverInc: cn.boot.ServerIncarnation,
+	*st = agentServer{registered: true, serverInc: boot.ServerIncarnation,
 		lease: time.Duration(rep.leaseMs) * time.Millisecond, renewed: a.clock.Now()}
 	return nil
 }
@@ -173,7 +180,12 @@ func (a *Agent) heartbeat(ctx context.Context, cn *conn, i int) error {
 	a.mu.Lock()
 	info := a.info
 	a.mu.Unlock()
-	rep, err := cn.call(ctx, message{kind: kindHeartbeat, node: NodeInfo{GID: info.GID, Incarnation: info.Incarnation}})
+	var rep message
+	err := a.c.onServer(ctx, cn, func(cn *conn) error {
+		var err error
+		rep, err = cn.call(ctx, message{kind: kindHeartbeat, node: NodeInfo{GID: info.GID, Incarnation: info.Incarnation}})
+		return err
+	})
 	if err == nil {
 		err = rep.status.err()
 	}
@@ -335,7 +347,10 @@ func (a *Agent) deregisterAll(ctx context.Context) {
 			continue
 		}
 		if cn := s.live(); cn != nil {
-			_, _ = cn.call(ctx, message{kind: kindDeregister, node: NodeInfo{GID: info.GID, Incarnation: info.Incarnation}})
+			_ = a.c.onServer(ctx, cn, func(cn *conn) error {
+				_, err := cn.call(ctx, message{kind: kindDeregister, node: NodeInfo{GID: info.GID, Incarnation: info.Incarnation}})
+				return err
+			})
 			cn.unref()
 		}
 		a.mu.Lock()

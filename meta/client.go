@@ -117,6 +117,7 @@ type ClientStats struct {
 	RPCs         uint64 // requests answered
 	StrayReplies uint64 // replies that matched no waiting request
 	Failovers    uint64 // operations retried on another server
+	Rebuilds     uint64 // operations sent again on a new connection after a transport error
 	Connects     uint64 // connections made
 	Invalidated  uint64 // Invalidate and Stale calls
 	// LastKnown counts lookups answered from the last known entry
@@ -158,7 +159,7 @@ type Client struct {
 	st struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
-		lastKnown                                atomic.Uint64
+		lastKnown, rebuilds                      atomic.Uint64
 	}
 }
 
@@ -402,6 +403,48 @@ func (c *Client) maintain() {
 	}
 }
 
+// MaxRebuilds bounds how many times one operation is sent again on a new
+// connection to the same server after its connection failed under it.
+const MaxRebuilds = 4
+
+// onServer runs op on cn, a connection to one server that the caller
+// holds a reference to. If op fails because the connection died under it
+// (a transport error: its QP went to ERR, say a SEND that ran out of
+// retries while a host was starved of CPU), the client connects to the
+// same server again, which rebuilds the QP, and runs op on the new
+// connection, while ctx lasts and at most MaxRebuilds times. Other errors
+// (a status from the server, an RPC timeout, ctx's end, a server that
+// cannot be reached at all) are returned as they are.
+//
+// op must be safe to repeat, because the server may have executed the
+// request whose reply was lost: a lookup, a heartbeat, a deregistration
+// and a registration of a given incarnation are (a registration that
+// asks for a gid gets the gid it was assigned before, see
+// registry.register).
+func (c *Client) onServer(ctx context.Context, cn *conn, op func(cn *conn) error) error {
+	err := op(cn)
+	s := c.servers[c.index(cn)]
+	var rebuilt *conn // ours to unref
+	defer func() {
+		if rebuilt != nil {
+			rebuilt.unref()
+		}
+	}()
+	for try := 0; err != nil && cn.isDead() && try < MaxRebuilds && ctx.Err() == nil && !c.closed(); try++ {
+		ncn, cerr := c.connect(ctx, s)
+		if cerr != nil {
+			break
+		}
+		if rebuilt != nil {
+			rebuilt.unref()
+		}
+		rebuilt, cn = ncn, ncn
+		c.st.rebuilds.Add(1)
+		err = op(cn)
+	}
+	return err
+}
+
 // each runs f on live connections in order of preference until f
 // reports done. If every live connection failed (or none was live), it
 // connects to each server again (a restarted server, say) and tries
@@ -552,7 +595,13 @@ func (c *Client) fetch(ctx context.Context, gid uint32) (NodeInfo, error) {
 	if !c.cfg.UseRPC {
 		// The common case first: the preferred server answers.
 		if cn := c.servers[c.pref.Load()].live(); cn != nil {
-			n, found, err := cn.lookup(ctx, gid)
+			var n NodeInfo
+			var found bool
+			err := c.onServer(ctx, cn, func(cn *conn) error {
+				var err error
+				n, found, err = cn.lookup(ctx, gid)
+				return err
+			})
 			cn.unref()
 			if err == nil && found {
 				c.store(n, epoch)
@@ -567,12 +616,15 @@ func (c *Client) fetch(ctx context.Context, gid uint32) (NodeInfo, error) {
 	notFound := false
 	err := c.each(ctx, func(cn *conn) (bool, error) {
 		var found bool
-		var err error
-		if c.cfg.UseRPC {
-			n, found, err = cn.lookupRPC(ctx, gid)
-		} else {
-			n, found, err = cn.lookup(ctx, gid)
-		}
+		err := c.onServer(ctx, cn, func(cn *conn) error {
+			var err error
+			if c.cfg.UseRPC {
+				n, found, err = cn.lookupRPC(ctx, gid)
+			} else {
+				n, found, err = cn.lookup(ctx, gid)
+			}
+			return err
+		})
 		if err != nil {
 			return false, err
 		}
@@ -621,8 +673,11 @@ func (c *Client) LookupRPC(ctx context.Context, gid uint32) (NodeInfo, error) {
 	notFound := false
 	err := c.each(ctx, func(cn *conn) (bool, error) {
 		var found bool
-		var err error
-		n, found, err = cn.lookupRPC(ctx, gid)
+		err := c.onServer(ctx, cn, func(cn *conn) error {
+			var err error
+			n, found, err = cn.lookupRPC(ctx, gid)
+			return err
+		})
 		if err != nil {
 			return false, err
 		}
@@ -733,8 +788,11 @@ func (c *Client) list(ctx context.Context) ([]NodeInfo, error) {
 	epoch := c.inval.Load()
 	var all []NodeInfo
 	err := c.each(ctx, func(cn *conn) (bool, error) {
-		var err error
-		all, err = cn.readTable(ctx)
+		err := c.onServer(ctx, cn, func(cn *conn) error {
+			var err error
+			all, err = cn.readTable(ctx)
+			return err
+		})
 		return err == nil, err
 	})
 	if err != nil {
@@ -793,6 +851,7 @@ func (c *Client) Stats() ClientStats {
 		RPCs:         c.st.rpcs.Load(),
 		StrayReplies: c.st.strayReplies.Load(),
 		Failovers:    c.st.failovers.Load(),
+		Rebuilds:     c.st.rebuilds.Load(),
 		Connects:     c.st.connects.Load(),
 		Invalidated:  c.st.inval.Load(),
 		LastKnown:    c.st.lastKnown.Load(),

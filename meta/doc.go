@@ -203,6 +203,15 @@
 // dialed again by every caller: for RetryInterval, callers fail at once
 // and the client's maintenance goroutine retries.
 //
+// An operation whose connection fails under it with a transport error
+// (its QP went to ERR: a SEND or READ out of retries, a server that lost
+// the QP) is not failed at once: the client connects to the same server
+// again, which rebuilds the QP, and repeats it, while the caller's
+// context lasts and at most MaxRebuilds times (ClientStats.Rebuilds).
+// Every request is safe to repeat: the server may have executed the
+// first, so a registration that asks for a gid gets the gid it was
+// assigned then, not a second one.
+//
 // Every error a client returns is a meta *Error with an errno (Errno):
 // ErrUnreachable is EHOSTDOWN, ErrNotFound ENOENT, ErrStale ESTALE...;
 // failures below (a connection request that timed out, a QP error) are

@@ -12,10 +12,15 @@ import (
 // publish its effect in the table, in the order they must be applied.
 // The Server shell does all I/O. Not safe for concurrent use.
 type registry struct {
-	geom     tableGeom
-	epoch    time.Time
-	idx      *index
-	nodes    map[uint32]*lease
+	geom  tableGeom
+	epoch time.Time
+	idx   *index
+	nodes map[uint32]*lease
+	// assigned maps the incarnation of each live lease whose gid the
+	// registry assigned to that gid, so that a registration asking for a
+	// gid that is sent again (its reply was lost with the client's
+	// connection) gets the same gid instead of a second one.
+	assigned map[uint64]uint32
 	lease    time.Duration // granted when a request asks for 0
 	minLease time.Duration
 	maxLease time.Duration
@@ -50,6 +55,7 @@ func newRegistry(g tableGeom, epoch time.Time, cfg *ServerConfig, seed uint64) *
 		epoch:    epoch,
 		idx:      newIndex(g),
 		nodes:    make(map[uint32]*lease),
+		assigned: make(map[uint64]uint32),
 		lease:    cfg.Lease,
 		minLease: cfg.MinLease,
 		maxLease: cfg.MaxLease,
@@ -90,7 +96,11 @@ func (r *registry) register(m *message, now time.Time) (message, []slotWrite) {
 	if n.Incarnation == 0 {
 		n.Incarnation = r.newIncarnation()
 	}
-	if n.GID == 0 {
+	assign := false
+	if l := r.nodes[r.assigned[n.Incarnation]]; n.GID == 0 && l != nil && l.node.Incarnation == n.Incarnation && l.node.Addr == n.Addr {
+		n.GID = l.node.GID // sent again: the gid assigned the first time
+	} else if n.GID == 0 {
+		assign = true
 		n.GID = r.assignGID()
 		if n.GID == 0 {
 			rep.status = stFull
@@ -104,6 +114,9 @@ func (r *registry) register(m *message, now time.Time) (message, []slotWrite) {
 		if l.node.Incarnation != n.Incarnation && !now.After(l.expires) && l.node.Addr != n.Addr {
 			rep.status = stInUse
 			return rep, nil
+		}
+		if l.node.Incarnation != n.Incarnation {
+			r.forgetAssigned(l)
 		}
 		l.node, l.term, l.expires = n, term, now.Add(term)
 		e := r.entryOf(l)
@@ -126,6 +139,9 @@ func (r *registry) register(m *message, now time.Time) (message, []slotWrite) {
 	}
 	l := &lease{node: n, slot: slot, term: term, expires: now.Add(term)}
 	r.nodes[n.GID] = l
+	if assign {
+		r.assigned[n.Incarnation] = n.GID
+	}
 	e := r.entryOf(l)
 	l.written = e.expiry
 	ws = append(ws, slotWrite{slot: slot, e: e})
@@ -181,9 +197,17 @@ func (r *registry) deregister(m *message) (message, []slotWrite) {
 }
 
 func (r *registry) drop(l *lease) slotWrite {
+	r.forgetAssigned(l)
 	delete(r.nodes, l.node.GID)
 	r.idx.remove(l.node.GID)
 	return slotWrite{slot: l.slot}
+}
+
+// forgetAssigned drops l's incarnation from assigned.
+func (r *registry) forgetAssigned(l *lease) {
+	if g, ok := r.assigned[l.node.Incarnation]; ok && g == l.node.GID {
+		delete(r.assigned, l.node.Incarnation)
+	}
 }
 
 // lookup answers the RPC lookup path from the registry itself.

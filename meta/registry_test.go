@@ -178,6 +178,27 @@ func TestRegistryAssigns(t *testing.T) {
 		}
 		seen[rep.node.GID], incs[rep.node.Incarnation] = true, true
 	}
+	// A request for a gid sent again (its reply was lost) gets the gid
+	// assigned the first time; the same incarnation from another address
+	// does not.
+	n := NodeInfo{Addr: testNode(1, 1).Addr, Incarnation: 0xfeed}
+	first, _ := r.register(regMsg(n, 0), now)
+	again, _ := r.register(regMsg(n, 0), now)
+	if first.status != stOK || again.status != stOK || again.node.GID != first.node.GID {
+		t.Fatalf("a registration sent twice got %+v, then %+v", first, again)
+	}
+	other := n
+	other.Addr = testNode(2, 2).Addr
+	if rep, _ := r.register(regMsg(other, 0), now); rep.status != stOK || rep.node.GID == first.node.GID {
+		t.Fatalf("the same incarnation from another address got %+v", rep)
+	}
+	if len(r.nodes) != 12 {
+		t.Fatalf("%d registrations, want 12", len(r.nodes))
+	}
+	r.drop(r.nodes[first.node.GID])
+	if rep, _ := r.register(regMsg(n, 0), now); rep.status != stOK || len(r.nodes) != 12 {
+		t.Fatalf("after its lease was dropped: %+v", rep)
+	}
 }
 
 func TestRegistryFull(t *testing.T) {

@@ -226,7 +226,14 @@ func testReplicaKilled(t *testing.T, kind string) {
 func hammer(t *testing.T, f *fabric, d time.Duration) uint64 {
 	ctx := ctxT(t)
 	srv := startServer(t, f.device(), ServerConfig{Slots: 64, Neighborhood: 8})
-	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1}
+	// The race runs in real time. Its RPC timeout is a hang guard, not
+	// what is tested: a reply can take seconds on a host whose CPUs other
+	// processes hold (it failed "did not answer in time" with the default
+	// 1 s). The QP timeout stays what the default makes it (1 s / 8), so
+	// losses are repaired as fast as before; a QP that runs out of retries
+	// anyway is rebuilt by the client.
+	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1,
+		RPCTimeout: 2 * time.Minute, QPTimeout: DefaultRPCTimeout / (DefaultQPRetryCnt + 1)}
 	writer := startClient(t, f.device(), ccfg)
 	const gids = 8
 	var incs [gids + 1]atomic.Uint64

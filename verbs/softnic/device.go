@@ -78,6 +78,14 @@ type Device struct {
 	closeOnce sync.Once
 	auth      *authState // packet authentication, nil without a cluster key
 
+	// Receive-path probes (see requester.onTimer): datagrams the device
+	// sends itself; one seen back proves that the receive path processed
+	// everything that reached the link before it.
+	probeAddr  netip.AddrPort // the device's own address (loopback if unspecified)
+	probeNonce uint64         // tells our probes from anyone else's datagrams
+	probesSent atomic.Uint64  // sequence number of the latest probe sent
+	probesSeen atomic.Uint64  // highest probe sequence number received
+
 	mu        sync.RWMutex // guards the fields below
 	closed    bool
 	qps       map[uint32]*qp
@@ -137,6 +145,8 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("%w: MTU %d outside [256, %d]", verbs.ErrInvalidArg, d.mtu, d.maxMTU)
 	}
 	d.nextQPN = 1 + d.rng.Uint32N(wire.PSNMask-1)
+	d.probeNonce = d.rng.Uint64()
+	d.probeAddr = selfAddr(cfg.Link.LocalAddr())
 	d.cm.init()
 	cfg.Link.Start(d)
 	return d, nil
@@ -432,6 +442,9 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 // Deliver implements link.Receiver.
 func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 	defer func() { d.delivered++ }()
+	if d.isProbe(hdr, payload) {
+		return
+	}
 	d.stats.rxPackets.Add(1)
 	d.stats.rxBytes.Add(uint64(len(hdr) + len(payload)))
 	h, n, err := wire.Parse(hdr)
@@ -493,4 +506,58 @@ func randUint64() uint64 {
 	var b [8]byte
 	_, _ = crand.Read(b[:])
 	return binary.LittleEndian.Uint64(b[:])
+}
+
+// A receive-path probe is probeLen bytes: probeTag, the device's nonce,
+// and a sequence number (little endian). It does not parse as a softnic
+// header (probeTag[0] is not wire.Magic), so links deliver it whole.
+const (
+	probeTag = "softnic\x00"
+	probeLen = len(probeTag) + 16
+)
+
+// sendProbe sends the device a probe and returns its sequence number.
+// It bypasses packet authentication: the probe never leaves the host,
+// and a forged one could only make a timeout count as it would on an
+// idle host.
+func (d *Device) sendProbe() uint64 {
+	seq := d.probesSent.Add(1)
+	var b [probeLen]byte
+	copy(b[:], probeTag)
+	binary.LittleEndian.PutUint64(b[len(probeTag):], d.probeNonce)
+	binary.LittleEndian.PutUint64(b[len(probeTag)+8:], seq)
+	_ = d.link.Send([]link.Packet{{To: d.probeAddr, Hdr: b[:]}})
+	return seq
+}
+
+// probeSeen reports whether the receive path has processed probe seq.
+func (d *Device) probeSeen(seq uint64) bool { return d.probesSeen.Load() >= seq }
+
+// isProbe consumes a probe of this device.
+func (d *Device) isProbe(hdr, payload []byte) bool {
+	if len(payload) != 0 || len(hdr) != probeLen || string(hdr[:len(probeTag)]) != probeTag ||
+		binary.LittleEndian.Uint64(hdr[len(probeTag):]) != d.probeNonce {
+		return false
+	}
+	seq := binary.LittleEndian.Uint64(hdr[len(probeTag)+8:])
+	for {
+		seen := d.probesSeen.Load()
+		if seq <= seen || d.probesSeen.CompareAndSwap(seen, seq) {
+			return true
+		}
+	}
+}
+
+// selfAddr is where the device reaches itself: its address, or loopback
+// when it is bound to the unspecified address.
+func selfAddr(local netip.AddrPort) netip.AddrPort {
+	a := local.Addr()
+	if a.IsUnspecified() {
+		if a.Is6() {
+			a = netip.IPv6Loopback()
+		} else {
+			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+	}
+	return netip.AddrPortFrom(a, local.Port())
 }

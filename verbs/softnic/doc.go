@@ -28,13 +28,29 @@
 //
 // # Reliability
 //
-// Requests carry 24-bit PSNs. The requester keeps up to 1,024 PSNs in
+// Requests carry 24-bit PSNs. The requester keeps up to 4,096 PSNs in
 // flight, asks for an ACK on every message's last packet and every 16th
 // packet, and retransmits go-back-N from the oldest unacknowledged PSN on
 // timeout (QPAttr.Timeout, RetryCnt times, then RETRY_EXC_ERR), on a
 // sequence NAK (sent once per gap), and when an ACK or a later READ
 // response shows that a READ or atomic response was lost. Receive-not-ready
 // is answered with an RNR NAK and retried after the timer it carries.
+//
+// The ACK timer runs only while a transmitted PSN is owed (not yet
+// acknowledged, or a READ or atomic whose response is missing), and starts
+// when a packet leaves. A NIC's receive pipeline never falls behind, so
+// its timeout means the peer or the network did not answer; softnic's is
+// software and on a busy host an ACK can wait in the device's own socket
+// while the timer fires. So a timeout counts against RetryCnt only if the
+// receive path has caught up since the previous retransmission: after
+// each retransmission on timeout the device sends itself a probe datagram,
+// and the next timeout counts only once the probe came back. Nor does a
+// timer that fired more than a whole Timeout late count: the host itself
+// was stalled, and with it any peer on the same host. At most
+// MaxUncountedTimeouts timeouts in a row go uncounted: a WR to a dead peer
+// fails after RetryCnt+1 timeouts without progress on a host that keeps
+// up, and after at most RetryCnt+1+MaxUncountedTimeouts (24 x Timeout
+// with the default RetryCnt 7) on one whose receive path is starved.
 //
 // The responder executes every request exactly once, in PSN order.
 // Duplicates are answered from state: SEND and WRITE are re-ACKed, READ is

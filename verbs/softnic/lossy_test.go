@@ -145,7 +145,7 @@ func (m *mixedClient) run(ops int) error {
 			}
 			delete(inflight, wc.ID)
 			if err := wc.Err(); err != nil {
-				return err
+				return m.failure(wc, wcs[:k])
 			}
 			local := uint64(16 + p.slot*slotSize)
 			switch p.op {
@@ -176,6 +176,24 @@ func (m *mixedClient) run(ops int) error {
 		}
 	}
 	return nil
+}
+
+// failure describes a failed completion wc: a WR flushed because an
+// earlier or later one failed says little, so it also names the first
+// completion of the failure that was not a flush, and the QP's counters.
+func (m *mixedClient) failure(wc verbs.WC, batch []verbs.WC) error {
+	cause := "none seen"
+	more := make([]verbs.WC, window)
+	for i := 0; i < 4 && cause == "none seen"; i++ {
+		for _, w := range batch {
+			if w.Status != verbs.StatusSuccess && w.Status != verbs.StatusWRFlushErr {
+				cause = fmt.Sprintf("WR %d (%v): %v", w.ID, w.Op, w.Err())
+				break
+			}
+		}
+		batch = more[:m.c.cq.Poll(more)]
+	}
+	return fmt.Errorf("%w; cause: %s; QP %+v", wc.Err(), cause, m.qp.Info().Stats)
 }
 
 // runMixed runs two clients (one device each) concurrently against one

@@ -289,6 +289,7 @@ func (q *qp) PostSend(wrs []verbs.SendWR) error {
 		q.req.progress(&q.out)
 	}
 	q.flushOutLocked()
+	q.req.armIfOutstanding()
 	return perr
 }
 

@@ -70,11 +70,14 @@ type requester struct {
 	tx int     // index in sq of the WR being transmitted
 
 	nextPSN  wire.PSN // next PSN to assign
-	una      wire.PSN // oldest PSN not yet acknowledged
+	una      wire.PSN // oldest PSN not yet acknowledged (see settle)
+	acked    wire.PSN // one past the highest PSN the responder acknowledged
 	sentHigh wire.PSN // one past the highest PSN transmitted
 	rdOut    int      // READs and atomics assigned and not complete
 
 	retries      int
+	uncounted    int    // timeouts since progress not counted in retries (see onTimer)
+	probe        uint64 // receive-path probe sent after the last retransmission; 0 if none
 	rnrRetries   int
 	rnrWait      bool
 	timer        link.Timer
@@ -95,8 +98,8 @@ func (r *requester) count() int { return len(r.sq) }
 
 // start sets the first PSN at the RTR->RTS transition.
 func (r *requester) start(psn wire.PSN) {
-	r.nextPSN, r.una, r.sentHigh = psn, psn, psn
-	r.retries, r.rnrRetries = 0, 0
+	r.nextPSN, r.una, r.acked, r.sentHigh = psn, psn, psn, psn
+	r.retries, r.uncounted, r.probe, r.rnrRetries = 0, 0, 0, 0
 }
 
 // reset drops all WRs without completions and stops timers.
@@ -141,7 +144,8 @@ func (r *requester) post(wr *verbs.SendWR) {
 }
 
 // progress transmits what the window, the ORD limit, fences and the DCI
-// target rule allow.
+// target rule allow into out. It does not start the retransmission timer:
+// the caller calls armIfOutstanding once out is on the wire (see there).
 func (r *requester) progress(out *outbox) {
 	q := r.q
 	if q.state != verbs.StateRTS || r.rnrWait {
@@ -205,7 +209,16 @@ func (r *requester) progress(out *outbox) {
 		}
 		r.tx++
 	}
-	if r.una.Less(r.sentHigh) {
+}
+
+// armIfOutstanding starts the retransmission timer if a transmitted PSN
+// is not acknowledged. Call it after the packets that progress built were
+// handed to the link, as a NIC starts its ACK timer when a packet leaves:
+// on a manual clock driven by another goroutine, a timer that exists
+// before its packet could otherwise fire first and count a retry for a
+// packet the network has not even seen.
+func (r *requester) armIfOutstanding() {
+	if r.q.state == verbs.StateRTS && r.una.Less(r.sentHigh) {
 		r.arm()
 	}
 }
@@ -327,9 +340,35 @@ func (r *requester) arm() {
 	r.timer = r.q.dev.clock.AfterFunc(r.q.attr.Timeout, r.onTimer)
 }
 
-// onTimer runs on the clock's goroutine. It takes the device's receive
-// lock first (lock order rxMu -> qp.mu) because failing the QP completes
-// READs whose buffers a receive may be steering payload into.
+// MaxUncountedTimeouts bounds the ACK timeouts in a row that do not count
+// against a QP's RetryCnt because the device's own receive path had not
+// caught up or its host was stalled (see onTimer).
+const MaxUncountedTimeouts = 16
+
+// onTimer runs on the clock's goroutine when no PSN was acknowledged for
+// the ACK timeout: it retransmits go-back-N from una, and counts a retry.
+//
+// As on InfiniBand, RetryCnt+1 timeouts in a row without progress fail
+// the oldest WR with RETRY_EXC_ERR and the QP goes to ERR. A NIC's
+// receive pipeline never falls behind, so its timeout always means that
+// the peer or the network did not answer. Ours is software and can: on a
+// host whose CPUs are busy, an ACK may sit unprocessed in the device's
+// own socket while the timer fires. So after each retransmission on
+// timeout the device sends itself a probe datagram, and the next timeout
+// counts only if the probe has come back through the receive path (which
+// then processed everything that arrived before it). Nor does a timeout
+// count that fires more than a whole Timeout after its deadline: the host
+// itself was stalled for longer than the peer was given to answer, and
+// so was every peer on the same host (a test's, or the meta server's
+// loopback QP). Such a timeout retransmits without counting. At most
+// MaxUncountedTimeouts timeouts in a row go uncounted, so a WR to a dead
+// peer fails after RetryCnt+1 timeouts without progress when the host
+// keeps up, and after at most RetryCnt+1+MaxUncountedTimeouts (24 with the
+// default RetryCnt 7) when it does not or a probe is lost.
+//
+// It takes the device's receive lock first (lock order rxMu -> qp.mu)
+// because failing the QP completes READs whose buffers a receive may be
+// steering payload into.
 func (r *requester) onTimer() {
 	q := r.q
 	d := q.dev
@@ -349,13 +388,20 @@ func (r *requester) onTimer() {
 		return
 	}
 	now := d.clock.Now()
-	if wait := r.lastProgress.Add(q.attr.Timeout).Sub(now); wait > 0 {
+	wait := r.lastProgress.Add(q.attr.Timeout).Sub(now)
+	if wait > 0 {
 		r.armed = true
 		r.timer = d.clock.AfterFunc(wait, r.onTimer)
 		return
 	}
 	q.stats.Timeouts++
-	r.retries++
+	behind := r.probe != 0 && !d.probeSeen(r.probe) // an answer may wait in our own receive queue
+	stalled := -wait > q.attr.Timeout               // this timer ran a whole Timeout late
+	if (behind || stalled) && r.uncounted < MaxUncountedTimeouts {
+		r.uncounted++
+	} else {
+		r.retries++
+	}
 	if r.retries > q.attr.RetryCnt {
 		r.failFrom(0, verbs.StatusRetryExcErr, verbs.ReasonRemoteDown)
 		q.flushOutLocked()
@@ -364,6 +410,8 @@ func (r *requester) onTimer() {
 	r.goBackN(r.una)
 	r.progress(&q.out)
 	q.flushOutLocked()
+	r.probe = d.sendProbe()
+	r.armIfOutstanding()
 }
 
 // goBackN rewinds transmission to the WR holding psn.
@@ -394,45 +442,60 @@ func (r *requester) goBackN(psn wire.PSN) {
 	}
 }
 
-// ackUpTo records that every PSN up to and including a was executed by the
-// responder: SENDs and WRITEs up to a are done; a READ or atomic up to a
-// whose response is missing was answered and the answer lost, so it is
-// requested again (an implied NAK).
+// ackUpTo records that the responder executed every PSN up to and
+// including a (for a READ, that it answered up to a), then settles the
+// queue.
 func (r *requester) ackUpTo(a wire.PSN) {
 	next := a.Add(1)
 	if r.sentHigh.Less(next) {
 		return // acknowledges something never sent
 	}
-	if r.una.Less(next) {
-		r.una = next
-		r.retries, r.rnrRetries = 0, 0
+	if r.acked.Less(next) {
+		r.acked = next
+		r.retries, r.uncounted, r.probe, r.rnrRetries = 0, 0, 0, 0
 		r.lastProgress = r.q.dev.clock.Now()
 	}
+	r.settle()
+}
+
+// settle marks done every WR below acked that needs nothing more: SENDs
+// and WRITEs, READs with all their responses, atomics with their result.
+// A READ or atomic below acked whose response is missing was executed
+// and its answer lost, so it is requested again (an implied NAK, once per
+// gap). una becomes the first PSN still owed: the first missing response
+// of such a READ or atomic, else acked. So una reaches sentHigh exactly
+// when every transmitted WR is done, and the retransmission timer never
+// runs for a queue that owes nothing (it used to, when a READ's lost
+// response was repaired after a later READ completed: the queue drained
+// with una behind sentHigh, and an idle QP timed out into ERR).
+func (r *requester) settle() {
+	una := r.acked
+	gap := false
 	for _, w := range r.sq {
-		if !w.assigned {
+		if !w.assigned || !w.last().Less(r.acked) {
 			break
 		}
 		if w.done {
 			continue
 		}
-		if a.Less(w.last()) {
-			break
+		if !w.rdAtomic() {
+			w.done = true
+			continue
 		}
-		if w.rdAtomic() {
-			// Nothing from its first missing response on counts as
-			// acknowledged until that response arrives.
-			p := w.first.Add(w.rsp)
-			if p.Less(r.una) {
-				r.una = p
-			}
-			if !r.gapValid || r.gapPSN != p {
-				r.gapPSN, r.gapValid = p, true
-				r.goBackN(p)
-			}
-			return
+		if gap {
+			continue // asked again by the goBackN of the first gap
 		}
-		w.done = true
+		gap = true
+		// Nothing from its first missing response on counts as
+		// acknowledged until that response arrives.
+		p := w.first.Add(w.rsp)
+		una = p
+		if !r.gapValid || r.gapPSN != p {
+			r.gapPSN, r.gapValid = p, true
+			r.goBackN(p)
+		}
 	}
+	r.una = una
 }
 
 // complete pops finished WRs from the head of the queue in order.
@@ -566,11 +629,14 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 	case wire.SynNAKSeq:
 		q.stats.NAKSeqRx++
 		r.ackUpTo(psn.Add(wire.PSNMask)) // psn-1
-		if !psn.Less(r.una) && psn.Less(r.sentHigh) {
-			r.goBackN(psn)
+		if !psn.Less(r.una) && !r.sentHigh.Less(psn) && r.una.Less(r.sentHigh) {
+			// From the first PSN owed: psn, or a READ response lost
+			// before it. (A NAK for a PSN below una is stale.)
+			r.goBackN(r.una)
 		}
 		r.complete()
 		r.progress(out)
+		r.armIfOutstanding()
 		return
 	case wire.SynRNR:
 		q.stats.RNRNAKRx++
@@ -583,7 +649,7 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 			}
 			return
 		}
-		r.goBackN(psn)
+		r.goBackN(r.una) // psn, or a READ response lost before it
 		r.rnrWait = true
 		r.stopTimer()
 		wait := time.Duration(h.RNRTimer) * time.Microsecond
@@ -631,6 +697,7 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 				r.gapPSN, r.gapValid = expect, true
 				r.goBackN(expect)
 				r.progress(out)
+				r.armIfOutstanding()
 			}
 			return
 		}
@@ -651,16 +718,12 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 		}
 		w.rsp++
 		r.gapValid = false
-		// Every PSN before this response was executed by the responder.
-		r.ackUpTo(psn.Add(wire.PSNMask))
-		if r.una == psn {
-			r.una = psn.Add(1)
-			r.retries = 0
-			r.lastProgress = q.dev.clock.Now()
-		}
 		if w.rsp == w.npkts {
 			w.done = true
 		}
+		// Every PSN before this response was executed, and this one
+		// answered.
+		r.ackUpTo(psn)
 	case wire.OpAtomicAck:
 		i := r.find(psn)
 		if i < 0 {
@@ -683,6 +746,7 @@ func (r *requester) onResponse(from netip.AddrPort, h *wire.Header, payload []by
 	}
 	r.complete()
 	r.progress(out)
+	r.armIfOutstanding()
 	if debugCheck != nil {
 		debugCheck(r, h)
 	}
@@ -707,6 +771,7 @@ func (r *requester) onRNRTimer() {
 	}
 	r.progress(&q.out)
 	q.flushOutLocked()
+	r.armIfOutstanding()
 }
 
 // samePlace reports whether two slices are the same memory.
