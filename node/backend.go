@@ -219,7 +219,11 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		Node    any
 		Meta    meta.ClientStats
 		NIC     verbs.DeviceStats
-		Server  any `json:",omitempty"`
+		// Auth and CM: the device's packet authentication and connection
+		// manager, if it reports them (verbs.SecurityReporter).
+		Auth   *verbs.AuthStats `json:",omitempty"`
+		CM     *verbs.CMStats   `json:",omitempty"`
+		Server any              `json:",omitempty"`
 		// For `krfs res` (JSON only).
 		QPs     []ResQP   `json:",omitempty"`
 		Regions []ResMR   `json:",omitempty"`
@@ -227,6 +231,12 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 	}{GID: b.core.GID(), Address: b.dev.Addr().String(), Node: b.core.Stats(), Meta: b.meta.Stats(), NIC: b.dev.Stats()}
 	if b.srv != nil {
 		st.Server = b.srv.Stats()
+	}
+	if sec, ok := b.securityStats(); ok {
+		if sec.Keyed {
+			st.Auth = &sec.Auth
+		}
+		st.CM = &sec.CM
 	}
 	if asJSON {
 		st.QPs, st.Regions, st.Peers = b.ResQPs(), b.ResMRs(), b.ResPeers()
@@ -237,10 +247,18 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		return e.Encode(st)
 	}
 	fmt.Fprintf(w, "gid %d\naddress %s\n", st.GID, st.Address)
-	for _, sec := range []struct {
+	type section struct {
 		name string
 		v    any
-	}{{"node", st.Node}, {"meta", st.Meta}, {"nic", st.NIC}, {"meta-server", st.Server}} {
+	}
+	secs := []section{{"node", st.Node}, {"meta", st.Meta}, {"nic", st.NIC}}
+	if st.Auth != nil {
+		secs = append(secs, section{"auth", st.Auth})
+	}
+	if st.CM != nil {
+		secs = append(secs, section{"cm", st.CM})
+	}
+	for _, sec := range append(secs, section{"meta-server", st.Server}) {
 		if sec.v == nil {
 			continue
 		}
@@ -265,6 +283,15 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		}
 	}
 	return nil
+}
+
+// securityStats are the device's authentication and connection-manager
+// counters, if it keeps them (softnic does; a hardware RNIC does not).
+func (b *Node) securityStats() (verbs.SecurityStats, bool) {
+	if r, ok := b.dev.(verbs.SecurityReporter); ok {
+		return r.SecurityStats(), true
+	}
+	return verbs.SecurityStats{}, false
 }
 
 // localRegion is regions/<name>: direct access to the mapped memory.

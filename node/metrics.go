@@ -10,13 +10,16 @@ import (
 
 	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 )
 
 // Prometheus metrics of a node (--metrics-addr).
 //
 // Two sources feed them:
 //   - the node's collector reads the node's counters at scrape time (qpcore,
-//     softnic device and QPs, meta client, regions); nothing is counted
+//     the NIC and its QPs, the NIC's authentication and connection manager
+//     if it reports them through verbs.SecurityReporter, meta client,
+//     regions); nothing is counted
 //     twice and nothing runs between scrapes;
 //   - OpMetrics counts what the filesystem asks of peers (operations,
 //     bytes and latency by opcode and transport), measured around each
@@ -198,6 +201,16 @@ var (
 	mQPNAKs     = desc("qp_naks_total", "NAKs per QP, by kind (seq, rnr, err) and direction (sent, received).", counter, "qpn", "type", "kind", "direction")
 	mQPErrs     = desc("qp_err_transitions_total", "Transitions of a QP to ERR, per QP.", counter, "qpn", "type")
 
+	mAuthSessions   = desc("auth_sessions", "Authenticated sessions the NIC knows now (cluster key).", gauge)
+	mAuthHandshakes = desc("auth_handshakes_total", "Authenticated sessions established, either role (cluster key).", counter)
+	mAuthDrops      = desc("auth_dropped_total", "Received packets dropped by authentication, by reason (bad_tag, no_session, wrong_source, replayed, stale_init); their sum is nic_rx_dropped_total{reason=\"bad_mac\"}.", counter, "reason")
+	mAuthParked     = desc("auth_parked_total", "Packets held for a session handshake, by result (parked, dropped: the queue was full).", counter, "result")
+	mAuthEncrypted  = desc("auth_encrypted_bytes_total", "Payload bytes encrypted (--encrypt).", counter)
+	mCMRecords      = desc("cm_records", "Connections accepted and not yet confirmed by their requester now.", gauge)
+	mCMCookies      = desc("cm_cookies_sent_total", "Connection requests answered with a cookie instead of a connection (the requester must prove its address; without a cluster key).", counter)
+	mCMBadCookies   = desc("cm_bad_cookies_total", "Connection requests whose cookie was stale or forged (also in cm_cookies_sent_total: they get a new one).", counter)
+	mCMLimit        = desc("cm_limit_rejects_total", "Connection requests refused by the per-source or total limit of unconfirmed connections.", counter)
+
 	mMeta = desc("meta_client_total", "Meta client events (lookup, cache_miss, read, torn_read, rpc, stray_reply, failover, connect, invalidation).", counter, "event")
 
 	mRegions     = desc("regions", "Regions this node exports.", gauge)
@@ -288,6 +301,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(mNICDrops, u(d.NoQP), "no_qp")
 	emit(mNICDrops, u(d.DCKeyRejects), "dc_key")
 	emit(mNICDrops, u(d.BadMAC), "bad_mac")
+	emit(mNICDrops, u(d.BadVersion), "bad_version")
 	emit(mNICRetx, u(d.Retransmits))
 	emit(mNICMisplc, u(d.Misplaced))
 	emit(mNICMRs, float64(d.MRs))
@@ -313,6 +327,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(mNICQPs, float64(n), k.t, k.s)
 	}
 
+	if sec, ok := b.securityStats(); ok {
+		c.collectSecurity(sec, emit)
+	}
+
 	m := b.meta.Stats()
 	for _, e := range []struct {
 		ev string
@@ -328,6 +346,32 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range regions {
 		emit(mRegionBytes, float64(r.Size), r.Name)
 	}
+}
+
+// collectSecurity emits the NIC's authentication counters (with a
+// cluster key) and its connection manager's.
+func (c *nodeCollector) collectSecurity(sec verbs.SecurityStats, emit func(metricDesc, float64, ...string)) {
+	u := func(v uint64) float64 { return float64(v) }
+	if sec.Keyed {
+		a := sec.Auth
+		emit(mAuthSessions, float64(a.Sessions))
+		emit(mAuthHandshakes, u(a.Handshakes))
+		for _, r := range []struct {
+			reason string
+			v      uint64
+		}{{"bad_tag", a.BadTag}, {"no_session", a.NoSession}, {"wrong_source", a.WrongSource},
+			{"replayed", a.Replayed}, {"stale_init", a.StaleInit}} {
+			emit(mAuthDrops, u(r.v), r.reason)
+		}
+		emit(mAuthParked, u(a.Parked), "parked")
+		emit(mAuthParked, u(a.ParkedDropped), "dropped")
+		emit(mAuthEncrypted, u(a.Encrypted))
+	}
+	cm := sec.CM
+	emit(mCMRecords, float64(cm.Records))
+	emit(mCMCookies, u(cm.CookiesSent))
+	emit(mCMBadCookies, u(cm.BadCookies))
+	emit(mCMLimit, u(cm.LimitRejects))
 }
 
 // Registry holds every metric of node n, the operation metrics ops, and

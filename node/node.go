@@ -50,7 +50,10 @@ type Config struct {
 	// Device, which other nodes join with Device's address.
 	Meta []netip.AddrPort
 	// QPCore configures the qpcore node (GID 0: assigned by the meta
-	// service when registering).
+	// service when registering). A zero MsgTimeout is PeerTimeout (or
+	// qpcore.DefaultPeerTimeout): a message to a port is an operation on a
+	// peer like a READ, and the node's timeout bounds it too, not
+	// qpcore's longer DefaultMsgTimeout.
 	QPCore qpcore.Config
 	// NoRegister keeps the node out of the meta service: it reaches
 	// others but nobody reaches it (a benchmark client). Such a node has
@@ -132,6 +135,7 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if cfg.MetaTimeout <= 0 {
 		cfg.MetaTimeout = DefaultMetaTimeout
 	}
+	cfg.QPCore = withMsgTimeout(cfg.QPCore)
 	n := &Node{dev: cfg.Device, metaWait: cfg.MetaTimeout, log: log, maxRegions: cfg.QPCore.MaxRegions, maxRegionSize: cfg.MaxRegionSize}
 	if n.maxRegions <= 0 {
 		n.maxRegions = qpcore.DefaultMaxRegions
@@ -200,6 +204,17 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 		n.log.Infof("publishing the default region in the meta entry: %v", err)
 	}
 	return n, nil
+}
+
+// withMsgTimeout gives c a MsgTimeout of its PeerTimeout if it has none.
+func withMsgTimeout(c qpcore.Config) qpcore.Config {
+	if c.MsgTimeout <= 0 {
+		c.MsgTimeout = c.PeerTimeout
+		if c.MsgTimeout <= 0 {
+			c.MsgTimeout = qpcore.DefaultPeerTimeout
+		}
+	}
+	return c
 }
 
 // openStore opens the region store, exports again the regions an earlier

@@ -10,7 +10,7 @@ import (
 )
 
 // forgeCMRequests is run by python3 in a non-member namespace: it sends
-// argv[3] softnic CM_REQ packets for service argv[4] to argv[1]:argv[2],
+// argv[3] softnic CM_REQ packets (wire version 2) for service argv[4] to argv[1]:argv[2],
 // each from its own forged source address in 198.18.0.0/15 (a benchmark
 // range nobody routes, so replies go nowhere and no ARP entry is made),
 // half of them with a guessed cookie.
@@ -19,7 +19,7 @@ import socket, struct, sys
 dst, port, count, service = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4], 0)
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
 for i in range(count):
-    cm = struct.pack('!BBBBIII', 0x4B, 1, 9, 0, 0, 0, 0) + struct.pack('!IIIIQQ', service, 1 + i, 1, 4096, i, (i | 1) if i % 2 else 0)
+    cm = struct.pack('!BBBBIII', 0x4B, 2, 9, 0, 0, 0, 0) + struct.pack('!IIIIQQ', service, 1 + i, 1, 4096, i, (i | 1) if i % 2 else 0)
     udp = struct.pack('!HHHH', 4791, port, 8 + len(cm), 0) + cm
     src = socket.inet_aton('198.18.%d.%d' % ((i >> 8) & 255, i & 255))
     hdr = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), i % 65536, 0x4000, 64, 17, 0, src, socket.inet_aton(dst))

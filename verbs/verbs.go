@@ -454,6 +454,7 @@ type DeviceStats struct {
 	TxSyscalls           uint64
 	RxSyscalls           uint64
 	Malformed            uint64 // packets that failed to parse
+	BadVersion           uint64 // packets of another wire-format version (also in Malformed)
 	NoQP                 uint64 // packets for an unknown QPN
 	DCKeyRejects         uint64
 	Retransmits          uint64

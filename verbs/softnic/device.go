@@ -3,6 +3,7 @@ package softnic
 import (
 	crand "crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -104,6 +105,7 @@ type Device struct {
 		retransmits          atomic.Uint64
 		misplaced            atomic.Uint64
 		badMAC               atomic.Uint64
+		badVersion           atomic.Uint64 // also in malformed
 	}
 }
 
@@ -248,6 +250,7 @@ func (d *Device) Stats() verbs.DeviceStats {
 	s.RxBytes = d.stats.rxBytes.Load()
 	s.TxSyscalls, s.RxSyscalls = ls.TxSyscalls, ls.RxSyscalls
 	s.Malformed = d.stats.malformed.Load()
+	s.BadVersion = d.stats.badVersion.Load()
 	s.NoQP = d.stats.noQP.Load()
 	s.DCKeyRejects = d.stats.dcKeyRejects.Load()
 	s.Retransmits = d.stats.retransmits.Load()
@@ -450,6 +453,9 @@ func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 	h, n, err := wire.Parse(hdr)
 	if err != nil || n != len(hdr) {
 		d.stats.malformed.Add(1)
+		if errors.Is(err, wire.ErrVersion) {
+			d.refuseVersion(from, hdr, payload)
+		}
 		return
 	}
 	if d.auth != nil {

@@ -312,7 +312,7 @@ func TestMalformedDeliveredRaw(t *testing.T) {
 	badMagic := bytes.Clone(base)
 	badMagic[0] = 0
 	badVersion := bytes.Clone(base)
-	badVersion[1] = 2
+	badVersion[1] = wire.Version + 1
 	badOp := bytes.Clone(base)
 	badOp[2] = 0xEE
 	short := hdr(wire.OpWrite, wire.FlagFirst, 1)[:20] // claims 32 header bytes

@@ -3,14 +3,26 @@
 // the rest of krfs, holds no state, and every function is safe on garbage
 // input.
 //
-// # Packet layout (version 1)
+// # Versions
+//
+// The second byte of every packet is the format version; a receiver reads
+// nothing past it in a packet of another version (HeaderLen and Parse fail
+// with ErrVersion). Version 1 had a 24-byte CMETH (no cookie) and, with a
+// cluster key, a 16-byte per-packet MAC instead of AuthETH, and no
+// handshake opcodes: the same opcode numbers and lengths would be misread
+// by a version-2 parser, hence the new number. A version-2 node answers a
+// version-1 connection request with a version-1 CM_REJ naming the version
+// it needs (AppendVersionRefusal), so that an old node's connect fails
+// with that reason instead of timing out.
+//
+// # Packet layout (version 2)
 //
 // All integers are big-endian. A packet is a base header, the extension
 // headers its opcode and flags call for, in the order listed, then payload.
 //
 //	Base header (BTH analogue), 16 bytes:
 //	  0  u8   magic 0x4B ('K')
-//	  1  u8   version (1)
+//	  1  u8   version (2)
 //	  2  u8   opcode (Op*)
 //	  3  u8   flags (Flag*)
 //	  4  u32  destination QPN (24 bits used; a DCT number for DC requests)
@@ -54,7 +66,7 @@
 //	  4  u32  MSN: count of completed messages (24 bits)
 //	AtomicAckETH, 8 bytes, on ATOMIC_ACK:
 //	  0  u64  original remote value
-//	CMETH, 24 bytes, on CM_* packets:
+//	CMETH, 32 bytes, on CM_* packets:
 //	  0  u32  service ID
 //	  4  u32  QPN of the sender's QP for this connection
 //	  8  u32  start PSN of the sender's QP
@@ -78,8 +90,9 @@ import (
 	"fmt"
 )
 
-// Version is the format version this package writes and accepts.
-const Version = 1
+// Version is the format version this package writes and accepts (see
+// "Versions" in the package doc).
+const Version = 2
 
 // Magic is the first byte of every packet.
 const Magic = 0x4B
@@ -483,4 +496,51 @@ func (h *Header) Append(b []byte) []byte {
 		b = be.AppendUint64(b, h.Cookie)
 	}
 	return b
+}
+
+// PacketVersion returns the version byte of a softnic packet (false if b
+// is too short or does not start with Magic).
+func PacketVersion(b []byte) (uint8, bool) {
+	if len(b) < 2 || b[0] != Magic {
+		return 0, false
+	}
+	return b[1], true
+}
+
+// Version 1's layout, as far as a refusal needs it.
+const (
+	v1CMETHLen = 24
+	v1FlagMAC  = 1 << 6
+)
+
+// VersionRefusalReason is the private data of a refusal: what an old
+// node's failed connect reports.
+var VersionRefusalReason = fmt.Sprintf("softnic wire v%d", Version)
+
+// AppendVersionRefusal appends to b the answer to pkt if pkt is a
+// connection request of an older version this package knows (version 1,
+// without a MAC): a CM_REJ in that version's format for the same service
+// and connection ID, whose private data is VersionRefusalReason. It
+// reports false, appending nothing, for anything else: other opcodes and
+// versions get no answer, nor does a request with a MAC (the refusal could
+// not carry one its sender accepts). The refusal is at most
+// len(VersionRefusalReason) bytes longer than the request, so forged
+// requests cannot use it to amplify traffic.
+func AppendVersionRefusal(b, pkt []byte) ([]byte, bool) {
+	if v, ok := PacketVersion(pkt); !ok || v != 1 || len(pkt) < BaseLen+v1CMETHLen ||
+		Opcode(pkt[2]) != OpCMReq || pkt[3]&v1FlagMAC != 0 {
+		return b, false
+	}
+	be := binary.BigEndian
+	cm := pkt[BaseLen:]
+	b = append(b, Magic, 1, byte(OpCMRej), 0)
+	b = be.AppendUint32(b, 0) // QPNs and PSN: version 1's CM_REJ had none
+	b = be.AppendUint32(b, 0)
+	b = be.AppendUint32(b, 0)
+	b = be.AppendUint32(b, be.Uint32(cm)) // service
+	b = be.AppendUint32(b, 0)             // QPN
+	b = be.AppendUint32(b, 0)             // PSN
+	b = be.AppendUint32(b, 0)             // MTU
+	b = be.AppendUint64(b, be.Uint64(cm[16:]))
+	return append(b, VersionRefusalReason...), true
 }
