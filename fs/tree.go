@@ -80,6 +80,14 @@ type freshConn interface {
 	FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error)
 }
 
+// sizeConn is a Conn that can size a region for an open without reading
+// the peer's directory when it already holds a description of it (the
+// default region, from the peer's meta entry); a stale one is caught by
+// the peer (a new rkey) and the read or write looks again.
+type sizeConn interface {
+	FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error)
+}
+
 func freshRegions(ctx context.Context, conn Conn, maxAge time.Duration) ([]Region, error) {
 	if fc, ok := conn.(freshConn); ok {
 		return fc.FreshRegions(ctx, maxAge)
@@ -374,9 +382,18 @@ func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 		return nil, 0, errno(err)
 	}
 	h := &remoteHandle{conn: conn, writable: openedForWriting(flags)}
-	if err := h.refresh(c, f.region, peerFresh); err != nil {
+	var err2 error
+	if sc, ok := conn.(sizeConn); ok {
+		var n int64
+		if n, err2 = sc.FreshSize(c, f.region, peerFresh); err2 == nil {
+			h.size.Store(n)
+		}
+	} else {
+		err2 = h.refresh(c, f.region, peerFresh)
+	}
+	if err2 != nil {
 		conn.Close()
-		return nil, 0, errno(err)
+		return nil, 0, errno(err2)
 	}
 	// direct_io: every read reaches the peer; no readahead of 128 KiB for
 	// an 8-byte read.
