@@ -59,7 +59,10 @@ func newReadResolver(tb testing.TB, maxGID int) *readResolver {
 	pd, _ := r.dev.AllocPD()
 	r.cq, _ = r.dev.CreateCQ(16)
 	r.qp, _ = pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: r.cq, RecvCQ: r.cq})
-	if _, err := r.dev.ConnectRC(context.Background(), r.qp, r.metaDev.Addr(), 1, verbs.ConnParams{}); err != nil {
+	// The QP's retry budget is a failure detector (8 s), not a bound a
+	// loaded machine may miss: a stalled meta device is retried, not
+	// declared dead after the default ACK timeout.
+	if _, err := r.dev.ConnectRC(context.Background(), r.qp, r.metaDev.Addr(), 1, verbs.ConnParams{Timeout: time.Second, RetryCnt: 7}); err != nil {
 		tb.Fatal(err)
 	}
 	r.buf = make([]byte, metaEntry)
@@ -137,7 +140,9 @@ func benchNodes(b *testing.B, res qpcore.Resolver, set func(meta.NodeInfo)) (*qp
 		if err != nil {
 			b.Fatal(err)
 		}
-		n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: gid, Drive: os.Getenv("KRFS_DRIVE") != ""})
+		// A loaded machine must not fail a measurement: operations get
+		// the meshes' failure-detector deadline, not 1 s.
+		n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: gid, Drive: os.Getenv("KRFS_DRIVE") != "", PeerTimeout: meshOpTimeout})
 		if err != nil {
 			b.Fatal(err)
 		}
