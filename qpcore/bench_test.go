@@ -525,7 +525,6 @@ func fullMesh(b *testing.B, N int) {
 				pairs <- pair{i, j}
 			}
 		}
-		cmCtx, cmCancel := context.WithTimeout(ctx, meshOpTimeout)
 		close(pairs)
 		var mu sync.Mutex
 		var qps []verbs.QP
@@ -538,7 +537,9 @@ func fullMesh(b *testing.B, N int) {
 					m := ns[pr.i]
 					q, err := m.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: m.cq, RecvCQ: m.cq, Caps: verbs.QPCaps{MaxSendWR: 4}})
 					if err == nil {
+						cmCtx, cancel := context.WithTimeout(ctx, meshOpTimeout) // each handshake
 						_, err = m.dev.ConnectRC(cmCtx, q, ns[pr.j].dev.Addr(), 77, verbs.ConnParams{Timeout: 50 * time.Millisecond})
+						cancel()
 					}
 					if err != nil {
 						errs <- fmt.Errorf("RC %d-%d: %w", pr.i, pr.j, err)
@@ -552,7 +553,6 @@ func fullMesh(b *testing.B, N int) {
 		}
 		wg.Wait()
 		t4 := time.Now()
-		cmCancel()
 		close(errs)
 		for err := range errs {
 			b.Fatal(err)
