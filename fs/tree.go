@@ -179,6 +179,15 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, errno(err)
 	}
 	out.Mode = syscall.S_IFDIR | 0o755
+	// The same inode as long as the kernel holds it: a new one at every
+	// revalidation (an entry times out after 1 s) would change the
+	// dentry's node id, which makes the kernel drop it and look the name
+	// up a second time, and re-create mem, mr, ports and info under it.
+	if ch := d.GetChild(name); ch != nil {
+		if _, ok := ch.Operations().(*peerDir); ok {
+			return ch, 0
+		}
+	}
 	return d.NewInode(ctx, &peerDir{m: d.m, gid: gid}, gofs.StableAttr{Mode: syscall.S_IFDIR}), 0
 }
 
