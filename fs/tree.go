@@ -80,6 +80,14 @@ type freshConn interface {
 	FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error)
 }
 
+// sizeConn is a Conn that can size a region for an open without reading
+// the peer's directory when it already holds a description of it (the
+// default region, from the peer's meta entry); a stale one is caught by
+// the peer (a new rkey) and the read or write looks again.
+type sizeConn interface {
+	FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error)
+}
+
 func freshRegions(ctx context.Context, conn Conn, maxAge time.Duration) ([]Region, error) {
 	if fc, ok := conn.(freshConn); ok {
 		return fc.FreshRegions(ctx, maxAge)
@@ -171,6 +179,15 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, errno(err)
 	}
 	out.Mode = syscall.S_IFDIR | 0o755
+	// The same inode as long as the kernel holds it: a new one at every
+	// revalidation (an entry times out after 1 s) would change the
+	// dentry's node id, which makes the kernel drop it and look the name
+	// up a second time, and re-create mem, mr, ports and info under it.
+	if ch := d.GetChild(name); ch != nil {
+		if _, ok := ch.Operations().(*peerDir); ok {
+			return ch, 0
+		}
+	}
 	return d.NewInode(ctx, &peerDir{m: d.m, gid: gid}, gofs.StableAttr{Mode: syscall.S_IFDIR}), 0
 }
 
@@ -374,9 +391,18 @@ func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 		return nil, 0, errno(err)
 	}
 	h := &remoteHandle{conn: conn, writable: openedForWriting(flags)}
-	if err := h.refresh(c, f.region, peerFresh); err != nil {
+	var err2 error
+	if sc, ok := conn.(sizeConn); ok {
+		var n int64
+		if n, err2 = sc.FreshSize(c, f.region, peerFresh); err2 == nil {
+			h.size.Store(n)
+		}
+	} else {
+		err2 = h.refresh(c, f.region, peerFresh)
+	}
+	if err2 != nil {
 		conn.Close()
-		return nil, 0, errno(err)
+		return nil, 0, errno(err2)
 	}
 	// direct_io: every read reaches the peer; no readahead of 128 KiB for
 	// an 8-byte read.

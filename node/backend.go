@@ -43,18 +43,31 @@ func (b *Node) Peers(ctx context.Context) ([]uint32, error) {
 	return out, nil
 }
 
+// PeerInfo describes a peer (peers/<gid>/info); the file system also
+// calls it to learn that a peer exists (a lookup of peers/<gid>). It goes
+// through qpcore's Connect: one meta lookup, after which the peer is known
+// to qpcore, so the open that usually follows costs no second lookup.
 func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
-	info, err := b.meta.Lookup(ctx, gid)
-	if err != nil {
-		if errors.Is(err, meta.ErrNotFound) {
-			return "", syscall.ENOENT
+	var info meta.NodeInfo
+	transport := ""
+	v, err := b.core.Connect(ctx, gid)
+	switch {
+	case err == nil:
+		info, transport = v.PeerInfo(), v.Transport().String()
+		v.Close()
+	case errors.Is(err, qpcore.ErrTransportMismatch):
+		// Known to the meta service, unreachable from here: describe it.
+		if info, err = b.meta.Lookup(ctx, gid); err != nil {
+			return "", err
 		}
+	case errors.Is(err, meta.ErrNotFound):
+		return "", syscall.ENOENT
+	default:
 		return "", err
 	}
 	s := fmt.Sprintf("gid %d\naddress %v\nincarnation %#x\ndct %d\n", info.GID, info.Addr, info.Incarnation, info.DCTN)
-	if v, err := b.core.Connect(ctx, gid); err == nil {
-		s += fmt.Sprintf("transport %v\n", v.Transport())
-		v.Close()
+	if transport != "" {
+		s += fmt.Sprintf("transport %v\n", transport)
 	}
 	return s, nil
 }
@@ -144,6 +157,16 @@ func (b *Node) Export(name string, size int64, mode, uid, gid uint32) (fs.Region
 	if err != nil && old == nil {
 		// Never leave a half-created region behind.
 		_ = b.store.Remove(name)
+	}
+	if err == nil && old != nil && name == qpcore.DefaultRegion && b.agent != nil {
+		// The meta entry carries the default region's rkey and length:
+		// publish the new ones, so that peers that look this node up from
+		// now on do not start from a stale hint.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if uerr := b.agent.Update(ctx, b.core.Info()); uerr != nil {
+			b.log.Infof("publishing the resized default region in the meta entry: %v", uerr)
+		}
+		cancel()
 	}
 	return out, err
 }
@@ -454,6 +477,13 @@ func (c *vqpConn) FreshRegion(ctx context.Context, name string, maxAge time.Dura
 		return fs.Region{}, err
 	}
 	return region(r), nil
+}
+
+// FreshSize sizes an open without a directory READ when the peer's meta
+// entry carries the region (the default region).
+func (c *vqpConn) FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error) {
+	n, err := c.v.FreshSize(ctx, name, maxAge)
+	return int64(n), err
 }
 
 func (c *vqpConn) ReadAt(ctx context.Context, name string, p []byte, off int64) (int, error) {

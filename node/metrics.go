@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -91,6 +92,46 @@ func (b *meteredBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, erro
 type meteredConn struct {
 	fs.Conn
 	m *OpMetrics
+}
+
+// The directory calls pass through to the VQP's (fs asks for them by
+// interface; an embedded fs.Conn would hide them).
+
+func (c *meteredConn) FreshRegions(ctx context.Context, maxAge time.Duration) ([]fs.Region, error) {
+	if fc, ok := c.Conn.(interface {
+		FreshRegions(context.Context, time.Duration) ([]fs.Region, error)
+	}); ok {
+		return fc.FreshRegions(ctx, maxAge)
+	}
+	return c.Conn.Regions(ctx)
+}
+
+func (c *meteredConn) FreshRegion(ctx context.Context, name string, maxAge time.Duration) (fs.Region, error) {
+	if fc, ok := c.Conn.(interface {
+		FreshRegion(context.Context, string, time.Duration) (fs.Region, error)
+	}); ok {
+		return fc.FreshRegion(ctx, name, maxAge)
+	}
+	rs, err := c.Conn.Regions(ctx)
+	if err != nil {
+		return fs.Region{}, err
+	}
+	for _, r := range rs {
+		if r.Name == name {
+			return r, nil
+		}
+	}
+	return fs.Region{}, fmt.Errorf("%w: %q", qpcore.ErrNoRegion, name)
+}
+
+func (c *meteredConn) FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error) {
+	if fc, ok := c.Conn.(interface {
+		FreshSize(context.Context, string, time.Duration) (int64, error)
+	}); ok {
+		return fc.FreshSize(ctx, name, maxAge)
+	}
+	r, err := c.FreshRegion(ctx, name, maxAge)
+	return r.Size, err
 }
 
 func (c *meteredConn) ReadAt(ctx context.Context, region string, p []byte, off int64) (int, error) {

@@ -140,6 +140,36 @@ func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration
 	return r, nil
 }
 
+// FreshSize is the length of a region, as an open needs it: from the
+// default region's hint (the peer's meta entry) when that is what the
+// cache holds, otherwise from a directory copy no older than maxAge (as
+// FreshRegion). The hint costs no directory READ, so a cold peer's
+// default region opens with the meta lookup alone. It is as current as a
+// directory READ for what an open uses it for: a region exported again
+// (another size) gets a new rkey, so an operation through a stale hint is
+// refused by the peer, never served from the wrong region, and the caller
+// looks again (RetryableStale).
+func (v *VQP) FreshSize(ctx context.Context, name string, maxAge time.Duration) (uint64, error) {
+	p := v.p
+	p.mu.Lock()
+	if name == DefaultRegion && p.dirHint && p.dirValid && !p.dirFetching {
+		r, ok := p.dir[name]
+		if err := v.n.usableLocked(p); err != nil {
+			p.mu.Unlock()
+			return 0, err
+		}
+		p.mu.Unlock()
+		if ok {
+			v.n.stats.dirHints.Add(1)
+			return r.Len, nil
+		}
+	} else {
+		p.mu.Unlock()
+	}
+	r, err := v.FreshRegion(ctx, name, maxAge)
+	return r.Len, err
+}
+
 // RetryableStale reports whether err is a data operation's failure that
 // a fresh look at the peer's directory may cure: the region's rkey was
 // refused (it was exported again), the range fell outside it (it shrank

@@ -22,6 +22,10 @@
 #                      meta client, VQPs over DCT)
 #   go-rc              raceboot -mode rc: a fresh NIC and RC QPs created from
 #                      scratch (CM handshake with each memory node's daemon)
+#   go-files-par, go-rc-par   the same two with -parallel: every memory
+#                      node connected at once (a goroutine each)
+#   go-files-par-cold  on odd fresh hosts, instead of krfs-files-cold, the
+#                      first process is go-files-par (the daemon cold)
 #
 # and, once, raceboot -mode coldpeer: cold connect + first 8-byte READ
 # against one warm READ. "bootstrap" is measured inside the process (from
@@ -83,13 +87,21 @@ measure() {
 for h in $(seq $((loader + 1)) "$hosts"); do
 	key=$(printf 'key-%08d' $((RANDOM * 7 % KEYS)))
 	m=$KRFS_DIR/h$h
-	measure krfs-files-cold "$h" $race lookup --mount "$m" --nodes "$nodes" "$key"
+	# The first process on a fresh host finds its daemon cold: Python on
+	# even hosts, Go (memory nodes in parallel) on odd ones.
+	if [ $((h % 2)) = 0 ]; then
+		measure krfs-files-cold "$h" $race lookup --mount "$m" --nodes "$nodes" "$key"
+	else
+		measure go-files-par-cold "$h" "$boot" -mode files -parallel -mount "$m" -nodes "$nodes" "$key"
+	fi
 	for _ in $(seq 1 "$REPS"); do
 		measure krfs-files-warm "$h" $race lookup --mount "$m" --nodes "$nodes" "$key"
 		measure tcp "$h" $race tcplookup --servers "$servers" "$key"
 		measure go-files "$h" "$boot" -mode files -mount "$m" -nodes "$nodes" "$key"
 		measure go-vqp "$h" "$boot" -mode vqp -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
 		measure go-rc "$h" "$boot" -mode rc -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
+		measure go-files-par "$h" "$boot" -mode files -parallel -mount "$m" -nodes "$nodes" "$key"
+		measure go-rc-par "$h" "$boot" -mode rc -parallel -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
 	done
 done
 in_host "$hosts" "$boot" -mode coldpeer -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$hosts:0" -nodes "$nodes" -n 300 >>"$OUT"
@@ -106,7 +118,7 @@ print("RACE bootstrap, %s memory nodes: a fresh process connects to every memory
 print()
 print("| variant | runs | bootstrap p50 us (in process) | of which connect | first lookup | process p50 us (start to value) |")
 print("|---|---:|---:|---:|---:|---:|")
-for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-files", "go-vqp", "go-rc"]:
+for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-files", "go-vqp", "go-rc", "go-files-par-cold", "go-files-par", "go-rc-par"]:
     rs = by.get(v, [])
     if not rs:
         continue
@@ -117,6 +129,10 @@ def m(v, k="bootstrap_us"):
     return med(r[k] for r in by[v])
 print()
 print("go-rc / go-files bootstrap: %.2fx (target >= 5x); go-rc / go-vqp: %.2fx" % (m("go-rc") / m("go-files"), m("go-rc") / m("go-vqp")))
+if "go-rc-par" in by and "go-files-par" in by:
+    print("memory nodes in parallel: go-rc-par / go-files-par bootstrap: %.2fx (target >= 5x)" % (m("go-rc-par") / m("go-files-par")))
+    if "go-files-par-cold" in by:
+        print("memory nodes in parallel, host's daemon cold: go-rc-par / go-files-par-cold: %.2fx" % (m("go-rc-par") / m("go-files-par-cold")))
 print("go-rc connect part / go-files connect part: %.2fx" % (med(r["bootstrap_us"] - r["lookup_us"] for r in by["go-rc"]) / med(r["bootstrap_us"] - r["lookup_us"] for r in by["go-files"])))
 print("tcp / krfs-files-cold bootstrap: %.2fx; tcp / krfs-files-warm: %.2fx" % (m("tcp") / m("krfs-files-cold"), m("tcp") / m("krfs-files-warm")))
 for r in rows:

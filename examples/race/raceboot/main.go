@@ -12,17 +12,21 @@
 // Both bootstrap modes start from nothing: a new software NIC and a meta
 // client (one RC connection to the meta service), then one meta lookup per
 // memory node (a one-sided READ of the meta table). vqp then opens a VQP
-// per node and READs its table header (the first operation also READs the
-// node's region directory); rc creates an RC QP per node, connects it with
+// per node and READs its table header (the meta entry carries the default
+// region's rkey: no directory READ); rc creates an RC QP per node, connects it with
 // the connection manager's handshake to the node's krfs daemon (the CM
 // service qpcore's RC pool listens on), READs the node's region directory
 // to learn the default region's rkey, and READs the header. The lookup is
 // the same in both: two bucket READs and one key-value block READ.
 //
+// With -parallel, files, vqp and rc reach the memory nodes all at once
+// (a goroutine per node, as a client with a thread per memory node
+// would); without it, one after another.
+//
 // coldpeer measures, in one process, a cold connect plus the first 8-byte
 // READ of a peer's default region (qpcore forgets the peer first, so the
-// meta lookup and the region directory are read again) against one warm
-// 8-byte READ on the same VQP.
+// meta entry is read again) against one warm 8-byte READ on the same VQP,
+// and reports the connect and the first READ apart.
 //
 // files is the same Go client on the files of the host's krfs mount: it
 // opens no NIC and no meta client, because the daemon holds them (as
@@ -44,6 +48,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/krfs/krfs/meta"
@@ -138,6 +143,7 @@ type result struct {
 	ConnectUs   float64 `json:"connect_us"` // VQP or RC QP per node + header READ
 	FirstGetUs  float64 `json:"lookup_us"`  // the first key lookup
 	BootstrapUs float64 `json:"bootstrap_us"`
+	Parallel    bool    `json:"parallel"` // the memory nodes connected all at once
 	Reads       int     `json:"lookup_reads"`
 }
 
@@ -151,14 +157,15 @@ func main() {
 	iters := flag.Int("n", 100, "coldpeer: iterations")
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
 	mount := flag.String("mount", "", "files: this host's krfs mount directory")
+	parallel := flag.Bool("parallel", false, "connect to the memory nodes all at once (a goroutine each), not one after another")
 	flag.Parse()
-	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, flag.Args()); err != nil {
+	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, *parallel, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "raceboot:", err)
 		os.Exit(1)
 	}
 }
 
-func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout time.Duration, args []string) error {
+func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout time.Duration, parallel bool, args []string) error {
 	t0 := time.Now()
 	server, err := netip.ParseAddrPort(metaAddr)
 	if err != nil && mode != "files" {
@@ -178,8 +185,8 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 	if mode == "files" {
 		// No NIC and no meta client of its own: the host's krfs daemon
 		// has them, as KRCORE's kernel module does.
-		r := result{Mode: mode, Nodes: len(gids)}
-		if err := bootFiles(mount, gids, []byte(args[0]), &r, t0); err != nil {
+		r := result{Mode: mode, Nodes: len(gids), Parallel: parallel}
+		if err := bootFiles(mount, gids, []byte(args[0]), &r, t0, parallel); err != nil {
 			return err
 		}
 		r.BootstrapUs = us(time.Since(t0))
@@ -197,16 +204,16 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 		return err
 	}
 	defer cl.Close()
-	r := result{Mode: mode, Nodes: len(gids)}
+	r := result{Mode: mode, Nodes: len(gids), Parallel: parallel}
 	tNIC := time.Now()
 	r.NICUs = us(tNIC.Sub(t0))
 	switch mode {
 	case "coldpeer":
 		return coldPeer(ctx, dev, cl, gids, iters)
 	case "vqp":
-		err = bootVQP(ctx, dev, cl, gids, []byte(args[0]), &r, tNIC)
+		err = bootVQP(ctx, dev, cl, gids, []byte(args[0]), &r, tNIC, parallel)
 	case "rc":
-		err = bootRC(ctx, dev, cl, gids, []byte(args[0]), &r, tNIC)
+		err = bootRC(ctx, dev, cl, gids, []byte(args[0]), &r, tNIC, parallel)
 	default:
 		return fmt.Errorf("-mode %q: vqp, rc or coldpeer", mode)
 	}
@@ -217,7 +224,32 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 	return json.NewEncoder(os.Stdout).Encode(r)
 }
 
-func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time) error {
+// eachNode runs connect(i) for every memory node: one after another, or
+// all at once with -parallel (one goroutine per node, as a client with a
+// thread per memory node connects). Every variant uses it the same way.
+func eachNode(n int, parallel bool, connect func(i int) error) error {
+	if !parallel {
+		for i := range n {
+			if err := connect(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = connect(i)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time, parallel bool) error {
 	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true})
 	if err != nil {
 		return err
@@ -227,18 +259,31 @@ func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint
 	// Connect does the meta lookup of an unknown peer itself.
 	vs := make([]*qpcore.VQP, len(gids))
 	hs := make([]header, len(gids))
-	hb := make([]byte, hdrLen)
-	for i, g := range gids {
-		if vs[i], err = n.Connect(ctx, g); err != nil {
+	defer func() {
+		for _, v := range vs {
+			if v != nil {
+				v.Close()
+			}
+		}
+	}()
+	err = eachNode(len(gids), parallel, func(i int) error {
+		g := gids[i]
+		v, err := n.Connect(ctx, g)
+		if err != nil {
 			return fmt.Errorf("gid %d: %w", g, err)
 		}
-		defer vs[i].Close()
-		if err := vs[i].Read(ctx, hb, "mem", 0); err != nil {
+		vs[i] = v
+		hb := make([]byte, hdrLen)
+		if err := v.Read(ctx, hb, "mem", 0); err != nil {
 			return fmt.Errorf("gid %d: %w", g, err)
 		}
 		if hs[i], err = parseHeader(hb); err != nil {
 			return fmt.Errorf("gid %d: %w", g, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	t2 := time.Now()
 	r.ConnectUs = us(t2.Sub(t1))
@@ -254,26 +299,37 @@ func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint
 
 // bootFiles is the same client on the files of the host's krfs mount:
 // one open file (a VQP of the daemon) per memory node.
-func bootFiles(mount string, gids []uint32, key []byte, r *result, t1 time.Time) error {
+func bootFiles(mount string, gids []uint32, key []byte, r *result, t1 time.Time, parallel bool) error {
 	if mount == "" {
 		return errors.New("-mode files needs -mount")
 	}
 	fs := make([]*os.File, len(gids))
 	hs := make([]header, len(gids))
-	hb := make([]byte, hdrLen)
-	for i, g := range gids {
+	defer func() {
+		for _, f := range fs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	err := eachNode(len(gids), parallel, func(i int) error {
+		g := gids[i]
 		f, err := os.OpenFile(fmt.Sprintf("%s/peers/%d/mem", mount, g), os.O_RDWR, 0)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
 		fs[i] = f
+		hb := make([]byte, hdrLen)
 		if _, err := f.ReadAt(hb, 0); err != nil {
 			return err
 		}
 		if hs[i], err = parseHeader(hb); err != nil {
 			return fmt.Errorf("gid %d: %w", g, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	t2 := time.Now()
 	r.ConnectUs = us(t2.Sub(t1))
@@ -288,87 +344,111 @@ func bootFiles(mount string, gids []uint32, key []byte, r *result, t1 time.Time)
 	return nil
 }
 
-// rcPeer is an RC QP to one memory node and its default region's rkey.
+// rcPeer is an RC QP to one memory node (with its own CQ and landing
+// area) and its default region's rkey.
 type rcPeer struct {
-	qp   verbs.QP
-	rkey uint32
+	qp    verbs.QP
+	cq    verbs.CQ
+	local []byte // this peer's part of the registered buffer
+	loff  uint64
+	rkey  uint32
+	wcs   [1]verbs.WC
 }
 
-func bootRC(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time) error {
-	infos := make([]meta.NodeInfo, len(gids))
-	for i, g := range gids {
-		var err error
-		if infos[i], err = cl.Lookup(ctx, g); err != nil {
-			return fmt.Errorf("gid %d: %w", g, err)
-		}
-	}
-	t2 := time.Now()
-	r.LookupsUs = us(t2.Sub(t1))
+// rcChunk is each peer's landing area in the registered buffer.
+const rcChunk = 64 << 10
+
+func bootRC(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time, parallel bool) error {
 	pd, err := dev.AllocPD()
 	if err != nil {
 		return err
 	}
-	cq, err := dev.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	local := make([]byte, 64<<10)
+	local := make([]byte, rcChunk*len(gids))
 	lmr, err := pd.RegMR(local, verbs.AccessLocalWrite)
 	if err != nil {
 		return err
 	}
-	wcs := make([]verbs.WC, 1)
-	read := func(q verbs.QP, rkey uint32, p []byte, off uint64) error {
-		if len(p) > len(local) {
+	read := func(pr *rcPeer, rkey uint32, p []byte, off uint64) error {
+		if len(p) > rcChunk {
 			return errors.New("read too large")
 		}
-		if err := q.PostSend([]verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled,
-			Local: verbs.SGE{MR: lmr, Length: uint32(len(p))}, RemoteAddr: off, RKey: rkey}}); err != nil {
+		if err := pr.qp.PostSend([]verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled,
+			Local: verbs.SGE{MR: lmr, Offset: pr.loff, Length: uint32(len(p))}, RemoteAddr: off, RKey: rkey}}); err != nil {
 			return err
 		}
-		for cq.Poll(wcs) == 0 {
-			if err := cq.Wait(ctx); err != nil {
+		for pr.cq.Poll(pr.wcs[:]) == 0 {
+			if err := pr.cq.Wait(ctx); err != nil {
 				return err
 			}
 		}
-		if err := wcs[0].Err(); err != nil {
+		if err := pr.wcs[0].Err(); err != nil {
 			return err
 		}
-		copy(p, local)
+		copy(p, pr.local)
 		return nil
 	}
-	peers := make([]rcPeer, len(gids))
+	peers := make([]*rcPeer, len(gids))
 	hs := make([]header, len(gids))
-	for i, info := range infos {
+	lookupNs := make([]int64, len(gids))
+	defer func() {
+		for _, pr := range peers {
+			if pr != nil {
+				pr.qp.Destroy()
+			}
+		}
+	}()
+	// Per memory node: the meta lookup, an RC QP created and connected
+	// from scratch (CM handshake), the directory READ that finds the
+	// default region's rkey, the header READ.
+	err = eachNode(len(gids), parallel, func(i int) error {
+		g := gids[i]
+		t0 := time.Now()
+		info, err := cl.Lookup(ctx, g)
+		if err != nil {
+			return fmt.Errorf("gid %d: %w", g, err)
+		}
+		lookupNs[i] = int64(time.Since(t0))
+		cq, err := dev.CreateCQ(16)
+		if err != nil {
+			return err
+		}
 		q, err := pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, Caps: verbs.QPCaps{MaxSendWR: 16, MaxRecvWR: 1}})
 		if err != nil {
 			return err
 		}
-		defer q.Destroy()
+		pr := &rcPeer{qp: q, cq: cq, local: local[i*rcChunk : (i+1)*rcChunk], loff: uint64(i * rcChunk)}
+		peers[i] = pr
 		if _, err := dev.ConnectRC(ctx, q, info.Addr, qpcoreRCService, verbs.ConnParams{}); err != nil {
 			return fmt.Errorf("RC to gid %d: %w", info.GID, err)
 		}
 		dir := make([]byte, info.DirLen)
-		if err := read(q, info.DirRKey, dir, 0); err != nil {
+		if err := read(pr, info.DirRKey, dir, 0); err != nil {
 			return fmt.Errorf("gid %d directory: %w", info.GID, err)
 		}
-		rkey, err := dirLookup(dir, "mem")
-		if err != nil {
+		if pr.rkey, err = dirLookup(dir, "mem"); err != nil {
 			return fmt.Errorf("gid %d: %w", info.GID, err)
 		}
-		peers[i] = rcPeer{q, rkey}
 		hb := make([]byte, hdrLen)
-		if err := read(q, rkey, hb, 0); err != nil {
+		if err := read(pr, pr.rkey, hb, 0); err != nil {
 			return fmt.Errorf("gid %d: %w", info.GID, err)
 		}
 		if hs[i], err = parseHeader(hb); err != nil {
 			return fmt.Errorf("gid %d: %w", info.GID, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
+	var sum int64
+	for _, d := range lookupNs {
+		sum += d
+	}
+	r.LookupsUs = float64(sum) / 1e3 // summed over the nodes (they overlap with -parallel)
 	t3 := time.Now()
-	r.ConnectUs = us(t3.Sub(t2))
+	r.ConnectUs = us(t3.Sub(t1))
 	v, reads, err := lookup(ctx, func(ctx context.Context, i int, p []byte, off uint64) error {
-		return read(peers[i].qp, peers[i].rkey, p, off)
+		return read(peers[i], peers[i].rkey, p, off)
 	}, hs, key)
 	if err != nil {
 		return err
@@ -414,7 +494,7 @@ func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uin
 	if err := n.Register(b); err != nil {
 		return err
 	}
-	var cold, warm []time.Duration
+	var cold, conn, first, warm []time.Duration
 	for k := range iters {
 		g := gids[k%len(gids)]
 		if !n.Forget(g) {
@@ -422,6 +502,7 @@ func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uin
 		}
 		t0 := time.Now()
 		v, err := n.Connect(ctx, g)
+		tc := time.Now()
 		if err == nil {
 			err = v.Read(ctx, b, "mem", 0)
 		}
@@ -435,9 +516,11 @@ func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uin
 		}
 		v.Close()
 		cold, warm = append(cold, t1.Sub(t0)), append(warm, t2.Sub(t1))
+		conn, first = append(conn, tc.Sub(t0)), append(first, t1.Sub(tc))
 	}
 	p50 := func(d []time.Duration) float64 { slices.Sort(d); return us(d[len(d)/2]) }
 	c, w := p50(cold), p50(warm)
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{"mode": "coldpeer", "iterations": iters,
-		"cold_connect_read8_p50_us": c, "warm_read8_p50_us": w, "ratio": c / w, "target": 2.3})
+		"cold_connect_read8_p50_us": c, "connect_p50_us": p50(conn), "first_read8_p50_us": p50(first),
+		"warm_read8_p50_us": w, "ratio": c / w, "target": 2.3})
 }
