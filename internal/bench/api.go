@@ -57,7 +57,11 @@ func openAPITarget(o *Opts) (_ *apiTarget, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
-	qc := qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc"}
+	// --timeout bounds each operation: it is the node's PeerTimeout, from
+	// which qpcore derives every operation's deadline and the NIC's
+	// retransmission budget (a loaded machine must not fail a benchmark
+	// at qpcore's 1 s default when the user asked for more).
+	qc := qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc", PeerTimeout: o.Timeout}
 	if o.Transport == "rc" {
 		// Measuring RC: the peer turns hot on its first operation and
 		// keeps its RC QP for the run. The default policy (2,000
