@@ -10,7 +10,7 @@
 #   BENCHTIME      -benchtime of each benchmark (1s)
 #   BENCHCOUNT     -count of each benchmark (1)
 #   BENCH_PKGS     packages to benchmark (./...)
-#   TEST_TIMEOUT   -timeout of go test (11m: a hang fails CI with its stacks inside CI's 15 minutes)
+#   TEST_TIMEOUT   -timeout of go test (12m: a hang fails CI with its stacks inside CI's 15 minutes)
 #   STATICCHECK    the staticcheck binary (GOPATH/bin/staticcheck; install it
 #                  with `make tools`, the version .ci/run installs)
 
@@ -28,7 +28,7 @@ BENCH ?= .
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
 BENCH_PKGS ?= ./...
-TEST_TIMEOUT ?= 11m
+TEST_TIMEOUT ?= 12m
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
