@@ -148,7 +148,7 @@ func Open(cfg Config) (*Device, error) {
 	}
 	d.nextQPN = 1 + d.rng.Uint32N(wire.PSNMask-1)
 	d.probeNonce = d.rng.Uint64()
-	d.probeAddr = selfAddr(cfg.Link.LocalAddr())
+	d.probeAddr = link.SelfAddr(cfg.Link.LocalAddr())
 	d.cm.init()
 	cfg.Link.Start(d)
 	return d, nil
@@ -552,18 +552,4 @@ func (d *Device) isProbe(hdr, payload []byte) bool {
 			return true
 		}
 	}
-}
-
-// selfAddr is where the device reaches itself: its address, or loopback
-// when it is bound to the unspecified address.
-func selfAddr(local netip.AddrPort) netip.AddrPort {
-	a := local.Addr()
-	if a.IsUnspecified() {
-		if a.Is6() {
-			a = netip.IPv6Loopback()
-		} else {
-			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-		}
-	}
-	return netip.AddrPortFrom(a, local.Port())
 }

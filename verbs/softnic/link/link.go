@@ -135,3 +135,17 @@ type Timer = clock.Timer
 
 // SystemClock is the real clock.
 type SystemClock = clock.System
+
+// SelfAddr is where a link bound to local reaches itself: local, or
+// loopback on local's port when local's address is unspecified.
+func SelfAddr(local netip.AddrPort) netip.AddrPort {
+	a := local.Addr()
+	if a.IsUnspecified() {
+		if a.Is6() {
+			a = netip.IPv6Loopback()
+		} else {
+			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+	}
+	return netip.AddrPortFrom(a, local.Port())
+}

@@ -249,20 +249,6 @@ func (l *Link) kick() {
 	}
 }
 
-// kickAddrFor is where Wake sends its empty datagram: the link's own
-// address, or loopback when it is bound to the unspecified address.
-func kickAddrFor(local netip.AddrPort) netip.AddrPort {
-	a := local.Addr()
-	if a.IsUnspecified() {
-		if a.Is6() {
-			a = netip.IPv6Loopback()
-		} else {
-			a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-		}
-	}
-	return netip.AddrPortFrom(a, local.Port())
-}
-
 // isKick reports whether an empty datagram from from is this link's own
 // Wake.
 func (l *Link) isKick(from netip.AddrPort) bool {

@@ -149,7 +149,7 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 		l.local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
 	l.maxDatagram = maxDatagramFor(ap.Addr())
-	l.kickAddr = kickAddrFor(l.local)
+	l.kickAddr = link.SelfAddr(l.local)
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
