@@ -298,8 +298,9 @@ func (h *Header) Len() int {
 	return n
 }
 
-// validate checks the combination of opcode and flags.
-func (h *Header) validate() error {
+// validateShape checks the opcode and the combination of opcode and
+// flags: everything the header's length depends on.
+func (h *Header) validateShape() error {
 	if h.Op == 0 || h.Op >= opMax {
 		return ErrOpcode
 	}
@@ -314,6 +315,14 @@ func (h *Header) validate() error {
 	}
 	if h.Flags&FlagImm != 0 && (h.Op != OpSend && h.Op != OpWrite || h.Flags&FlagLast == 0) {
 		return ErrFlags
+	}
+	return nil
+}
+
+// validate checks the shape (validateShape) and the field values.
+func (h *Header) validate() error {
+	if err := h.validateShape(); err != nil {
+		return err
 	}
 	if h.DestQP > PSNMask || h.SrcQP > PSNMask || h.PSN > PSNMask || h.SessionPSN > PSNMask || h.MSN > PSNMask {
 		return ErrField
@@ -352,7 +361,9 @@ func SetAuth(hdr []byte, index uint32, counter uint64) bool {
 }
 
 // HeaderLen returns the length of the header at the start of b, reading
-// only the base header. It fails if b is not a well-formed base header.
+// only the base header. It fails if b is not a well-formed base header
+// (magic, version, opcode and a valid combination of flags); a length it
+// returns is never more than MaxHeaderLen.
 func HeaderLen(b []byte) (int, error) {
 	if len(b) < BaseLen {
 		return 0, ErrShort
@@ -363,9 +374,12 @@ func HeaderLen(b []byte) (int, error) {
 	if b[1] != Version {
 		return 0, ErrVersion
 	}
+	// The shape is checked here, not only in Parse: a flag combination no
+	// sender writes (an immediate on a CM packet, say) would otherwise
+	// give a length past MaxHeaderLen to a caller that reads that many.
 	h := Header{Op: Opcode(b[2]), Flags: Flags(b[3])}
-	if h.Op == 0 || h.Op >= opMax {
-		return 0, ErrOpcode
+	if err := h.validateShape(); err != nil {
+		return 0, err
 	}
 	return h.Len(), nil
 }

@@ -173,3 +173,31 @@ func TestAuthFlagsRules(t *testing.T) {
 		t.Fatal("AuthETH accessors on a header without one")
 	}
 }
+
+// TestHeaderLenRejectsBadShape: a flag combination no sender writes is
+// refused by HeaderLen itself, so the length it returns stays within
+// MaxHeaderLen. (The fuzzer found a CM_REQ with MAC, DC and an immediate:
+// 92 bytes, past the 88 a receiver reads to decide.)
+func TestHeaderLenRejectsBadShape(t *testing.T) {
+	b := make([]byte, 128)
+	b[0], b[1] = Magic, Version
+	b[2] = byte(OpCMReq)
+	b[3] = byte(FlagMAC | FlagDC | FlagImm | FlagFirst | FlagLast)
+	if n, err := HeaderLen(b); !errors.Is(err, ErrFlags) {
+		t.Fatalf("HeaderLen of a CM_REQ with DC and immediate flags = %d, %v; want ErrFlags", n, err)
+	}
+	// Every opcode with every flag byte: accepted lengths stay in bounds
+	// and agree with Parse's verdict on the shape.
+	for op := 0; op < 256; op++ {
+		for fl := 0; fl < 256; fl++ {
+			b[2], b[3] = byte(op), byte(fl)
+			n, err := HeaderLen(b)
+			if err != nil {
+				continue
+			}
+			if n < BaseLen || n > MaxHeaderLen {
+				t.Fatalf("op %d flags %#x: HeaderLen %d outside [%d, %d]", op, fl, n, BaseLen, MaxHeaderLen)
+			}
+		}
+	}
+}
