@@ -2,6 +2,7 @@ package fs_test
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -179,5 +180,38 @@ func TestPortNonBlockingRead(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, "peers/1/ports/10"), []byte("x"), 0); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("send to an unbound port: %v, want ECONNREFUSED", err)
+	}
+}
+
+// A generated file reports the size of its text to stat before any open,
+// and the same size to fstat through a handle, so stat, lstat and fstat
+// agree whatever the kernel has cached (fstest compares all three).
+func TestGeneratedFileSizeWithoutOpen(t *testing.T) {
+	f := newFake(1)
+	f.addPeer(2, 4096)
+	dir := mountFake(t, f)
+	p := filepath.Join(dir, "peers/2/info")
+	before, err := os.Lstat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	text, err := io.ReadAll(fh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened, err := fh.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(text) == 0 || before.Size() != int64(len(text)) || opened.Size() != int64(len(text)) {
+		t.Fatalf("info: lstat before open %d, fstat %d, text %d bytes", before.Size(), opened.Size(), len(text))
+	}
+	if end, err := fh.Seek(0, io.SeekEnd); err != nil || end != int64(len(text)) {
+		t.Fatalf("SEEK_END = %d, %v; want %d", end, err, len(text))
 	}
 }

@@ -597,7 +597,11 @@ func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byt
 	return uint32(len(data)), 0
 }
 
-// textFile renders text at open; reads come from that snapshot.
+// textFile renders text at open; reads come from that snapshot. Its size
+// is that of the snapshot for a stat through an open handle (fstat), and
+// that of a rendering made now otherwise: a file whose text does not
+// change (peers/<gid>/info) reports one size to stat, lstat and fstat,
+// however long the kernel keeps a cached attribute.
 type textFile struct {
 	gofs.Inode
 	render func(w *bytes.Buffer) error
@@ -615,6 +619,13 @@ func (f *textFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.At
 	out.Mode = syscall.S_IFREG | 0o444
 	if h, ok := fh.(*textHandle); ok {
 		out.Size = uint64(len(h.b))
+		return 0
+	}
+	// A rendering that fails (the peer is gone) leaves the size 0: the
+	// error belongs to open and read, not to stat.
+	var b bytes.Buffer
+	if f.render(&b) == nil {
+		out.Size = uint64(b.Len())
 	}
 	return 0
 }
