@@ -162,7 +162,11 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
-	if n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers}); err != nil {
+	err = n.untilAnswered(ctx, "connection", func() (err error) {
+		n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers})
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("meta service %v unreachable: %w", servers, err)
 	}
 	if n.core, err = qpcore.NewNode(dev, n.meta, cfg.QPCore); err != nil {
@@ -173,7 +177,11 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	}
 	// Register first when the gid is assigned: the region store is named
 	// after it.
-	if n.agent, err = n.meta.Register(ctx, n.core.Info(), meta.AgentConfig{}); err != nil {
+	err = n.untilAnswered(ctx, "registration", func() (err error) {
+		n.agent, err = n.meta.Register(ctx, n.core.Info(), meta.AgentConfig{})
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("registering with the meta service: %w", err)
 	}
 	gid := n.agent.Info().GID
@@ -246,6 +254,33 @@ func (n *Node) openStore(dir string, mem int64) (err error) {
 		}
 	}
 	return nil
+}
+
+// metaRetry paces Start's attempts to reach the meta service.
+const metaRetry = 200 * time.Millisecond
+
+// untilAnswered runs f, the connection to or the registration with the
+// meta service, again while the service does not answer (it is not up
+// yet, or busy or cut off for a moment) until ctx ends: the start's whole
+// budget (StartTimeout), not one RPC's timeout, bounds the wait. Any other
+// error ends it at once. A registration retried is the same registration:
+// the node's incarnation is fixed, so one the server applied late is
+// renewed, not doubled.
+func (n *Node) untilAnswered(ctx context.Context, what string, f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		if err == nil || !errors.Is(err, meta.ErrUnreachable) {
+			return err
+		}
+		n.log.Infof("meta service did not answer %s attempt %d, trying again: %v", what, try, err)
+		t := time.NewTimer(metaRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // Close deregisters the node and stops everything Start started, the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -191,4 +192,75 @@ func TestNoRegisterAndUnreachableMeta(t *testing.T) {
 		t.Fatal("started without a meta service")
 	}
 	t.Logf("unreachable meta: %v", err)
+}
+
+// logEvents sends each log message that contains substr on a channel.
+type logEvents struct {
+	substr string
+	ch     chan string
+}
+
+func (h *logEvents) Levels() []logrus.Level { return logrus.AllLevels }
+func (h *logEvents) Fire(e *logrus.Entry) error {
+	if strings.Contains(e.Message, h.substr) {
+		select {
+		case h.ch <- e.Message:
+		default:
+		}
+	}
+	return nil
+}
+
+// A node started before its meta service waits for it (within
+// StartTimeout) and starts once the service is up, instead of failing
+// after one connection attempt.
+func TestStartWaitsForTheMetaService(t *testing.T) {
+	leaktest.Check(t)
+	// The address the meta service will have: taken, then freed.
+	spot, err := softnic.OpenUDP("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := spot.Addr()
+	spot.Close()
+
+	dev, err := softnic.OpenUDP("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := quietLog()
+	missed := &logEvents{substr: "did not answer connection", ch: make(chan string, 1)}
+	log.AddHook(missed)
+	started := make(chan error, 1)
+	var cl *Node
+	go func() {
+		var err error
+		cl, err = Start(context.Background(), Config{Device: dev, Meta: []netip.AddrPort{addr},
+			StartTimeout: time.Minute, ShmDir: t.TempDir(), MemSize: 4096,
+			QPCore: qpcore.Config{PeerTimeout: 2 * time.Second}}, log)
+		started <- err
+	}()
+	select {
+	case msg := <-missed.ch:
+		t.Logf("before the meta service: %s", msg)
+	case err := <-started:
+		t.Fatalf("Start returned before the meta service was up: %v", err)
+	}
+	mdev, err := softnic.OpenUDP(addr.String())
+	if err != nil {
+		t.Fatalf("the meta service's address was taken meanwhile: %v", err)
+	}
+	srv, err := Start(context.Background(), Config{Device: mdev, ShmDir: t.TempDir(), MemSize: 4096,
+		QPCore: qpcore.Config{PeerTimeout: 2 * time.Second}}, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := <-started; err != nil {
+		t.Fatalf("Start after the meta service came up: %v", err)
+	}
+	defer cl.Close()
+	if cl.Self() == 0 || cl.Self() == srv.Self() {
+		t.Fatalf("registered as gid %d (meta host %d)", cl.Self(), srv.Self())
+	}
 }
