@@ -139,7 +139,7 @@ func (a *Agent) registerAll(ctx context.Context, assign bool) error {
 		}
 	}
 	if ok == 0 {
-		return fmt.Errorf("%w: %w", ErrUnreachable, errors.Join(errs...))
+		return unreachable(errs)
 	}
 	return nil
 }

@@ -238,7 +238,7 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	}
 	if len(errs) == len(c.servers) {
 		c.Close()
-		return nil, fmt.Errorf("%w: %w", ErrUnreachable, errors.Join(errs...))
+		return nil, unreachable(errs)
 	}
 	c.tick = clock.NewTicker(c.clock, cfg.RetryInterval)
 	c.wg.Add(1)
@@ -884,4 +884,18 @@ func (c *Client) Servers() []ServerStatus {
 
 func sortNodes(ns []NodeInfo) {
 	sort.Slice(ns, func(i, j int) bool { return ns[i].GID < ns[j].GID })
+}
+
+// unreachable joins the errors of servers that did not answer into one
+// that wraps ErrUnreachable, saying "unreachable" once.
+func unreachable(errs []error) error {
+	if len(errs) == 0 {
+		return fmt.Errorf("%w: no server to ask", ErrUnreachable)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, ErrUnreachable) {
+			return fmt.Errorf("%w: %w", ErrUnreachable, errors.Join(errs...))
+		}
+	}
+	return errors.Join(errs...)
 }
