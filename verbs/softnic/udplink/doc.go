@@ -134,7 +134,8 @@
 // socket, opened in Open so that it lives in the link's network namespace,
 // connected to the destination for the look-up) less the IP and UDP
 // headers. The first look-up per destination costs a few microseconds
-// (Counters.PMTUProbes); later ones read a cache. On loopback (MTU 65536)
+// (Counters.PMTUProbes); later ones read a cache of at most 4,096
+// destinations (full, it forgets one at random). On loopback (MTU 65536)
 // that is the full 65507 bytes; across an Ethernet path of MTU 1500 it is
 // 1472. GSO segments are single datagrams on the wire, so they obey the
 // same limit.

@@ -25,8 +25,13 @@ const (
 	minMTUIPv6 = 1280
 )
 
+// maxPMTUEntries bounds the path MTU cache: a node answers whoever sends
+// to it, so the destinations it learns are not all its own choice. When
+// full, an arbitrary entry makes room (it is probed again if used again).
+const maxPMTUEntries = 4096
+
 // pmtuCache maps destinations to the largest datagram that reaches them
-// unfragmented.
+// unfragmented; at most maxPMTUEntries of them.
 type pmtuCache struct {
 	probeFd int // unbound socket of the link's family and namespace, reconnected per probe
 
@@ -77,6 +82,12 @@ func (l *Link) MaxDatagramTo(to netip.AddrPort) int {
 		return n
 	}
 	n = l.probeLocked(to)
+	if len(c.m) >= maxPMTUEntries {
+		for old := range c.m {
+			delete(c.m, old)
+			break
+		}
+	}
 	c.m[a] = n
 	l.c.pmtuProbes.Add(1)
 	return n

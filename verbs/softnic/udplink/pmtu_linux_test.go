@@ -101,3 +101,27 @@ func TestPathMTUVeth(t *testing.T) {
 		t.Errorf("Ip FragCreates moved from %d to %d: a datagram was fragmented", frag0, frag1)
 	}
 }
+
+// The path MTU cache stays bounded however many destinations a link
+// meets (a node answers senders it did not choose), and a destination
+// evicted is probed again, not lost.
+func TestPathMTUCacheBounded(t *testing.T) {
+	l := openLink(t, DefaultConfig(loopback))
+	first := netip.MustParseAddrPort("127.0.0.1:9")
+	l.MaxDatagramTo(first)
+	for i := range maxPMTUEntries + 100 {
+		a := netip.AddrFrom4([4]byte{127, byte(1 + i>>16), byte(i >> 8), byte(i)})
+		if got := l.MaxDatagramTo(netip.AddrPortFrom(a, 9)); got != MaxDatagramIPv4 {
+			t.Fatalf("MaxDatagramTo(%v) = %d, want %d", a, got, MaxDatagramIPv4)
+		}
+	}
+	l.pmtu.mu.RLock()
+	n := len(l.pmtu.m)
+	l.pmtu.mu.RUnlock()
+	if n > maxPMTUEntries {
+		t.Fatalf("path MTU cache holds %d destinations, bound %d", n, maxPMTUEntries)
+	}
+	if got := l.MaxDatagramTo(first); got != MaxDatagramIPv4 {
+		t.Fatalf("MaxDatagramTo of a destination met long ago = %d", got)
+	}
+}
