@@ -514,11 +514,12 @@ func randUint64() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }
 
-// A receive-path probe is probeLen bytes: probeTag, the device's nonce,
-// and a sequence number (little endian). It does not parse as a softnic
-// header (probeTag[0] is not wire.Magic), so links deliver it whole.
+// A receive-path probe is probeLen bytes: link.ProbeTag, the device's
+// nonce, and a sequence number (little endian). It does not parse as a
+// softnic header (the tag's first byte is not wire.Magic), so links
+// deliver it whole (and count it as a probe, not as malformed).
 const (
-	probeTag = "softnic\x00"
+	probeTag = link.ProbeTag
 	probeLen = len(probeTag) + 16
 )
 

@@ -136,6 +136,18 @@ type Timer = clock.Timer
 // SystemClock is the real clock.
 type SystemClock = clock.System
 
+// ProbeTag starts a receive-path probe: a datagram a device sends itself
+// to learn whether its receive path keeps up (softnic's ACK timeouts).
+// Its first byte is not a softnic header's magic, so a link delivers it
+// whole, as it would a malformed packet; IsProbe tells them apart for the
+// link's counters. What the rest means is the device's business.
+const ProbeTag = "softnic\x00"
+
+// IsProbe reports whether b starts like a receive-path probe.
+func IsProbe(b []byte) bool {
+	return len(b) >= len(ProbeTag) && string(b[:len(ProbeTag)]) == ProbeTag
+}
+
 // SelfAddr is where a link bound to local reaches itself: local, or
 // loopback on local's port when local's address is unspecified.
 func SelfAddr(local netip.AddrPort) netip.AddrPort {

@@ -65,6 +65,7 @@ type Counters struct {
 	RxSteered     uint64 // packets whose payload the kernel placed in steered memory
 	RxReassembled uint64 // steered packets whose header length was mispredicted, copied into scratch
 	RxMalformed   uint64 // packets delivered raw because their header did not parse
+	RxProbes      uint64 // receive-path probes the device sent itself (link.IsProbe), delivered raw, not malformed
 	PMTUProbes    uint64 // route MTU look-ups (one per destination, again after TooBig)
 	TooBig        uint64 // packets the kernel refused with EMSGSIZE: larger than the path MTU (never fragmented)
 	Kicks         uint64 // Wake datagrams received (a driver blocked receiving had to look again)

@@ -72,7 +72,7 @@ type counters struct {
 	_                                          [64]byte
 	rxDatagrams, rxBytes, rxSyscalls, rxErrors atomic.Uint64
 	truncated, rxBatches, rxSteered            atomic.Uint64
-	rxReassembled, rxMalformed                 atomic.Uint64
+	rxReassembled, rxMalformed, rxProbes       atomic.Uint64
 	_                                          [64]byte
 	pmtuProbes, tooBig, kicks                  atomic.Uint64
 }
@@ -314,6 +314,7 @@ func (l *Link) Counters() Counters {
 		RxSteered:     c.rxSteered.Load(),
 		RxReassembled: c.rxReassembled.Load(),
 		RxMalformed:   c.rxMalformed.Load(),
+		RxProbes:      c.rxProbes.Load(),
 		PMTUProbes:    c.pmtuProbes.Load(),
 		TooBig:        c.tooBig.Load(),
 		Kicks:         c.kicks.Load(),

@@ -308,7 +308,7 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 		return
 	}
 
-	var steered, reassembled, malformed uint64
+	var steered, reassembled, malformed, probes uint64
 	if total == 0 {
 		// An empty datagram is malformed too.
 		r.Deliver(from, rx.scratch[:0], nil)
@@ -331,7 +331,11 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 		hl, err := wire.HeaderLen(b)
 		if err != nil || hl > len(b) {
 			r.Deliver(from, b, nil)
-			malformed++
+			if link.IsProbe(b) {
+				probes++
+			} else {
+				malformed++
+			}
 			continue
 		}
 		r.Deliver(from, b[:hl], b[hl:])
@@ -359,5 +363,8 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 	}
 	if malformed != 0 {
 		l.c.rxMalformed.Add(malformed)
+	}
+	if probes != 0 {
+		l.c.rxProbes.Add(probes)
 	}
 }

@@ -135,6 +135,22 @@ func (c *collector) wait(tb testing.TB, n int) []record {
 	return append([]record(nil), c.recs...)
 }
 
+// waitCounters returns l's counters once ready says they are.
+func waitCounters(tb testing.TB, l *Link, ready func(Counters) bool) Counters {
+	tb.Helper()
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a speed limit
+	for {
+		s := l.Counters()
+		if ready(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("counters never ready: %+v", s)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func randBytes(rng *rand.Rand, n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
@@ -330,8 +346,20 @@ func TestMalformedDeliveredRaw(t *testing.T) {
 			t.Errorf("datagram %d: from %v hdr %x nil payload %v; want raw %x", i, r.from, r.hdr, r.nilPayld, bad[i])
 		}
 	}
-	if s := b.Counters(); s.RxMalformed != uint64(len(bad)) {
+	// The counters are added after the batch's deliveries.
+	if s := waitCounters(t, b, func(s Counters) bool { return s.RxMalformed >= uint64(len(bad)) }); s.RxMalformed != uint64(len(bad)) {
 		t.Errorf("RxMalformed = %d, want %d", s.RxMalformed, len(bad))
+	}
+	// A receive-path probe is delivered raw too, but counted as a probe.
+	probe := append([]byte(link.ProbeTag), make([]byte, 16)...)
+	if _, err := pc.WriteToUDPAddrPort(probe, b.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if r := cb.wait(t, len(bad)+1)[len(bad)]; !bytes.Equal(r.hdr, probe) || !r.nilPayld {
+		t.Errorf("probe delivered as hdr %x nil payload %v; want raw %x", r.hdr, r.nilPayld, probe)
+	}
+	if s := waitCounters(t, b, func(s Counters) bool { return s.RxProbes+s.RxMalformed > uint64(len(bad)) }); s.RxMalformed != uint64(len(bad)) || s.RxProbes != 1 {
+		t.Errorf("after a probe: RxMalformed = %d, RxProbes = %d; want %d, 1", s.RxMalformed, s.RxProbes, len(bad))
 	}
 
 	// A GRO batch of garbage segments: no Steer call, each segment raw.
@@ -347,7 +375,7 @@ func TestMalformedDeliveredRaw(t *testing.T) {
 	if err := a.Send(pkts); err != nil {
 		t.Fatal(err)
 	}
-	recs = cb.wait(t, len(bad)+len(pkts))[len(bad):]
+	recs = cb.wait(t, len(bad)+1+len(pkts))[len(bad)+1:] // after the probe
 	for i, r := range recs {
 		if want := append(bytes.Clone(pkts[i].Hdr), pkts[i].Payload...); !bytes.Equal(r.hdr, want) || !r.nilPayld {
 			t.Errorf("garbage segment %d not delivered raw", i)
@@ -361,7 +389,7 @@ func TestMalformedDeliveredRaw(t *testing.T) {
 
 	// Random datagrams, some with a plausible first two bytes: no crash,
 	// every one delivered.
-	n := len(bad) + len(pkts)
+	n := len(bad) + 1 + len(pkts)
 	for i := range 300 {
 		d := randBytes(rng, rng.IntN(1500))
 		if len(d) > 2 && i%2 == 0 {
