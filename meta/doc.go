@@ -130,7 +130,8 @@
 // server DCT's number and key, the idle timeout and default lease. The
 // client READs the table and sends messages over that QP. The server's
 // DCT serves READs of the table too, so a node may READ it through any of
-// its DCIs with (server address, DCTN, DCKey). Client QPs get remote READ
+// its DCIs with (server address, DCTN, DCKey); a server on a device
+// without DC (ServerConfig.NoDC) has none and says DCTN 0. Client QPs get remote READ
 // access only, on a read-only MR: a client cannot write the table.
 //
 // # Messages

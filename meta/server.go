@@ -78,6 +78,10 @@ type ServerConfig struct {
 	HalfOpenTimeout time.Duration
 	// RecvDepth is the number of receive buffers shared by all clients.
 	RecvDepth int
+	// NoDC creates no DCT (a device without the DC transport, such as an
+	// RNIC other than mlx5): the bootstrap then carries DCT number 0, and
+	// clients READ the table only over their RC connection.
+	NoDC bool
 	// Clock drives leases, sweeps and idle reclaim; nil is the system
 	// clock.
 	Clock clock.Clock
@@ -328,18 +332,12 @@ func (s *Server) setup() error {
 		return fmt.Errorf("meta: loopback QP: %w", err)
 	}
 	// A DCT, so that nodes can READ the table through their DCIs too.
-	if s.dctSRQ, err = s.pd.CreateSRQ(1); err != nil {
-		return err
-	}
-	dcKey := rand.Uint64()
-	if s.dct, err = s.pd.CreateQP(verbs.QPConfig{Type: verbs.DCT, RecvCQ: s.cq, SRQ: s.dctSRQ, DCKey: dcKey}); err != nil {
-		return err
-	}
-	if err = s.dct.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteRead}); err != nil {
-		return err
-	}
-	if err = s.dct.Modify(verbs.QPAttr{State: verbs.StateRTR}); err != nil {
-		return err
+	var dctn uint32
+	var dcKey uint64
+	if !s.cfg.NoDC {
+		if dctn, dcKey, err = s.setupDCT(); err != nil {
+			return fmt.Errorf("meta: DCT (ServerConfig.NoDC runs without): %w", err)
+		}
 	}
 	s.boot = Bootstrap{
 		TableRKey:         s.tableRO.RKey(),
@@ -348,13 +346,33 @@ func (s *Server) setup() error {
 		Neighborhood:      s.geom.nbhd,
 		Epoch:             now,
 		ServerIncarnation: inc,
-		DCTN:              s.dct.QPN(),
+		DCTN:              dctn,
 		DCKey:             dcKey,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		Lease:             s.cfg.Lease,
 	}
 	s.bootP = s.boot.marshal()
 	return s.dev.ListenRC(s.cfg.Service, s.accept)
+}
+
+// setupDCT creates the DCT that serves READs of the table to DCIs and
+// returns its number and DC key.
+func (s *Server) setupDCT() (uint32, uint64, error) {
+	var err error
+	if s.dctSRQ, err = s.pd.CreateSRQ(1); err != nil {
+		return 0, 0, err
+	}
+	dcKey := rand.Uint64()
+	if s.dct, err = s.pd.CreateQP(verbs.QPConfig{Type: verbs.DCT, RecvCQ: s.cq, SRQ: s.dctSRQ, DCKey: dcKey}); err != nil {
+		return 0, 0, err
+	}
+	if err = s.dct.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteRead}); err != nil {
+		return 0, 0, err
+	}
+	if err = s.dct.Modify(verbs.QPAttr{State: verbs.StateRTR}); err != nil {
+		return 0, 0, err
+	}
+	return s.dct.QPN(), dcKey, nil
 }
 
 // setupLoop connects two RC QPs of the server's own device to each other:

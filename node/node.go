@@ -152,7 +152,7 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	servers := cfg.Meta
 	if len(servers) == 0 {
 		// The single-node default: an embedded meta service on this NIC.
-		if n.srv, err = meta.NewServer(dev, meta.ServerConfig{}); err != nil {
+		if n.srv, err = meta.NewServer(dev, meta.ServerConfig{NoDC: cfg.QPCore.NoDC}); err != nil {
 			return nil, fmt.Errorf("embedded meta service: %w", err)
 		}
 		servers = []netip.AddrPort{dev.Addr()}
