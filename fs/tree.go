@@ -66,7 +66,8 @@ func (r *root) OnAdd(ctx context.Context) {
 // stat uses a copy at most peerFresh old, and a name still unknown is
 // looked up again at most every peerMissRefresh. A read or write that
 // fails because the region changed (new rkey, new size, removed) reads
-// the directory again and is retried once.
+// the directory again and is retried once. An atomic is retried by the
+// backend, and only when the peer refused it (it did not act).
 const (
 	peerFresh       = time.Second
 	peerMissRefresh = 100 * time.Millisecond

@@ -501,11 +501,25 @@ func (c *vqpConn) WriteAt(ctx context.Context, name string, p []byte, off int64)
 }
 
 func (c *vqpConn) FetchAdd(ctx context.Context, name string, off int64, d uint64) (uint64, error) {
-	return c.v.FetchAdd(ctx, name, uint64(off), d)
+	return refusedOnce(func() (uint64, error) { return c.v.FetchAdd(ctx, name, uint64(off), d) })
 }
 
 func (c *vqpConn) CompareAndSwap(ctx context.Context, name string, off int64, cmp, swap uint64) (uint64, error) {
-	return c.v.CompareAndSwap(ctx, name, uint64(off), cmp, swap)
+	return refusedOnce(func() (uint64, error) { return c.v.CompareAndSwap(ctx, name, uint64(off), cmp, swap) })
+}
+
+// refusedOnce runs an atomic and, if the peer refused it because the
+// region changed under the cached key or size (qpcore.RetryableStale: a
+// NAK for the rkey or the bounds, or the local pre-check), runs it once
+// more: qpcore has dropped the stale copy, so the retry looks again. Only
+// a refusal is retried: the atomic did not act then. An atomic whose
+// answer was lost is never run twice (it may have acted).
+func refusedOnce(atomic func() (uint64, error)) (uint64, error) {
+	old, err := atomic()
+	if err != nil && qpcore.RetryableStale(err) {
+		old, err = atomic()
+	}
+	return old, err
 }
 
 func (c *vqpConn) Send(ctx context.Context, port uint32, msg []byte) error {
