@@ -5,8 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/netip"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/krfs/krfs/internal/leaktest"
+	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs/softnic"
 )
@@ -194,23 +195,6 @@ func TestNoRegisterAndUnreachableMeta(t *testing.T) {
 	t.Logf("unreachable meta: %v", err)
 }
 
-// logEvents sends each log message that contains substr on a channel.
-type logEvents struct {
-	substr string
-	ch     chan string
-}
-
-func (h *logEvents) Levels() []logrus.Level { return logrus.AllLevels }
-func (h *logEvents) Fire(e *logrus.Entry) error {
-	if strings.Contains(e.Message, h.substr) {
-		select {
-		case h.ch <- e.Message:
-		default:
-		}
-	}
-	return nil
-}
-
 // A node started before its meta service waits for it (within
 // StartTimeout) and starts once the service is up, instead of failing
 // after one connection attempt.
@@ -224,27 +208,42 @@ func TestStartWaitsForTheMetaService(t *testing.T) {
 	addr := spot.Addr()
 	spot.Close()
 
+	// Until the service starts, a plain socket holds its address and
+	// sees the node's connection requests arrive: the node is trying.
+	watch, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
 	dev, err := softnic.OpenUDP("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := quietLog()
-	missed := &logEvents{substr: "did not answer connection", ch: make(chan string, 1)}
-	log.AddHook(missed)
 	started := make(chan error, 1)
 	var cl *Node
 	go func() {
 		var err error
 		cl, err = Start(context.Background(), Config{Device: dev, Meta: []netip.AddrPort{addr},
 			StartTimeout: time.Minute, ShmDir: t.TempDir(), MemSize: 4096,
-			QPCore: qpcore.Config{PeerTimeout: 2 * time.Second}}, log)
+			QPCore: qpcore.Config{PeerTimeout: 2 * time.Second}}, quietLog())
 		started <- err
 	}()
+	// It keeps trying past one connection attempt's timeout.
+	buf := make([]byte, 2048)
+	var first time.Time
+	for first.IsZero() || time.Since(first) < meta.DefaultConnectTimeout*3/2 {
+		watch.SetReadDeadline(time.Now().Add(30 * time.Second)) // a hang guard
+		if _, from, err := watch.ReadFromUDPAddrPort(buf); err != nil || from.Port() != dev.Addr().Port() {
+			t.Fatalf("connection requests from the node stopped after %v (%v from %v)", time.Since(first), err, from)
+		}
+		if first.IsZero() {
+			first = time.Now()
+		}
+	}
+	watch.Close()
 	select {
-	case msg := <-missed.ch:
-		t.Logf("before the meta service: %s", msg)
 	case err := <-started:
 		t.Fatalf("Start returned before the meta service was up: %v", err)
+	default:
 	}
 	mdev, err := softnic.OpenUDP(addr.String())
 	if err != nil {
