@@ -26,12 +26,15 @@ type memEntry struct {
 // memCache finds the MR behind a caller's []byte. Explicit registrations
 // (Node.Register) are kept sorted and must not overlap; any other buffer
 // is registered on first use and cached by its base address, LRU-bounded
-// in entries (max) and in bytes (maxBytes). A cached registration keeps its
-// buffer reachable, so the address cannot be reused for other memory while
-// the entry lives, and so the byte bound is what keeps a node's memory from
-// growing with the sizes of the buffers it was handed (FUSE request and
-// reply buffers, application slices). A buffer larger than maxBytes is
-// registered for its operation only (stats.uncached).
+// in entries (max) and in bytes (maxBytes). An automatic registration
+// covers the buffer up to its capacity (when that fits maxBytes), so that
+// the next use of the same buffer with another length hits. A cached
+// registration keeps its buffer reachable, so the address cannot be reused
+// for other memory while the entry lives, and so the byte bound is what
+// keeps a node's memory from growing with the sizes of the buffers it was
+// handed (FUSE request and reply buffers, application slices). A buffer
+// larger than maxBytes is registered for its operation only
+// (stats.uncached).
 type memCache struct {
 	pd       verbs.PD
 	max      int
@@ -77,12 +80,20 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 	}
 	c.stats.misses++
 	c.mu.Unlock()
-	mr, err := c.pd.RegMR(buf, verbs.AccessLocalWrite)
+	// Register up to the buffer's capacity: a reused buffer (go-fuse's
+	// request buffer, whose WRITE payloads start at the same address with
+	// every length) then hits whatever length comes next, and the cache
+	// counts what its entry keeps reachable, not just one use's length.
+	reg := buf
+	if cap(buf) > len(buf) && cap(buf) <= c.maxBytes {
+		reg = buf[:cap(buf)]
+	}
+	mr, err := c.pd.RegMR(reg, verbs.AccessLocalWrite)
 	if err != nil {
 		return nil, 0, fmt.Errorf("qpcore: registering a local buffer: %w", err)
 	}
-	e := &memEntry{mr: mr, base: p, n: len(buf), refs: 1, auto: true}
-	if len(buf) > c.maxBytes {
+	e := &memEntry{mr: mr, base: p, n: len(reg), refs: 1, auto: true}
+	if len(reg) > c.maxBytes {
 		// Too large to keep: this operation's put deregisters it.
 		e.dead = true
 		c.mu.Lock()
