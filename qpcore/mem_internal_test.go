@@ -124,3 +124,53 @@ func TestMemCacheRegistersUpToCapacity(t *testing.T) {
 	}
 	c.put(e)
 }
+
+// TestMemCacheLetsIdleEntriesGo: an automatic entry nobody used for
+// memIdleLookups lookups is let go (deregistered, its buffer no longer
+// kept reachable), even when every lookup since hit an explicit
+// registration and nothing else would have evicted it; an entry in use
+// meanwhile stays.
+func TestMemCacheLetsIdleEntriesGo(t *testing.T) {
+	net := softnictest.NewNetwork(softnictest.Config{})
+	defer net.Close()
+	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newMemCache(pd, 1024, 1<<20)
+	defer c.close()
+	pool := make([]byte, 64<<10)
+	if err := c.register(pool); err != nil {
+		t.Fatal(err)
+	}
+	idle, busy := make([]byte, 4096), make([]byte, 4096)
+	for _, b := range [][]byte{idle, busy} {
+		e, _, err := c.get(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.put(e)
+	}
+	for i := range memIdleLookups + 1 {
+		if i%100 == 0 {
+			e, _, _ := c.get(busy)
+			c.put(e)
+		}
+		e, _, err := c.get(pool[i%16*4096 : i%16*4096+4096])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.put(e)
+	}
+	if c.auto[addrOf(idle)] != nil || c.auto[addrOf(busy)] == nil {
+		t.Fatalf("after %d lookups: idle entry cached %v, busy entry cached %v", memIdleLookups+1, c.auto[addrOf(idle)] != nil, c.auto[addrOf(busy)] != nil)
+	}
+	if c.bytes != 4096 || dev.Stats().MRs != 2 || c.stats.evictions != 1 {
+		t.Fatalf("cache %d bytes, %d MRs on the device (want the pool and busy), %d evictions", c.bytes, dev.Stats().MRs, c.stats.evictions)
+	}
+}
