@@ -204,7 +204,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 		return fmt.Errorf("%w: --max-region-size %s: want 8 bytes to 1T", errUsage, f.maxRegSize)
 	}
 	if f.limits.memCache, err = parseSize(f.memCache); err != nil || f.limits.memCache < 0 {
-		return fmt.Errorf("%w: --mem-cache %s: want a size like 32M", errUsage, f.memCache)
+		return fmt.Errorf("%w: --mem-cache %s: want a size like 8M", errUsage, f.memCache)
 	}
 	if f.maxRegions < 1 || f.maxRegions > 4096 {
 		return fmt.Errorf("%w: --max-regions %d: want 1..4096", errUsage, f.maxRegions)
