@@ -84,7 +84,7 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.StringVar(&f.maxRegSize, "max-region-size", "1T", "largest size of one region (a write or truncate past it fails with EFBIG)")
 	set.IntVar(&f.portDepth, "port-depth", qpcore.DefaultPortDepth, "messages queued on one port before its senders are held back")
 	set.StringVar(&f.memCache, "mem-cache", "8M", "bytes of caller buffers the automatic registration cache may keep registered")
-	set.StringVar(&f.memLimit, "mem-limit", "auto", "soft limit of the daemon's memory (the Go runtime's, as GOMEMLIMIT): auto (48M + --mem-cache), a size like 64M, or off; GOMEMLIMIT in the environment wins")
+	set.StringVar(&f.memLimit, "mem-limit", "auto", "soft limit of the daemon's memory (the Go runtime's, as GOMEMLIMIT): auto (56M + --mem-cache), a size like 64M, or off; GOMEMLIMIT in the environment wins")
 	f.log.register(set)
 }
 
@@ -297,16 +297,17 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 }
 
 // memLimitBase is what --mem-limit auto allows the daemon beyond its
-// registration cache (--mem-cache). The daemon's live heap after heavy
+// registration cache (--mem-cache): 64 MiB with the default cache, the
+// bound on a daemon's own memory. The daemon's live heap after heavy
 // mixed I/O was about 40 MiB with an 8 MiB cache: go-fuse's request
-// buffers (about 1 MiB per reader of /dev/fuse, 12 MiB), the filesystem's
-// I/O buffers (fs.DefaultIOBufferBytes, 8 MiB), the cache, qpcore's
-// message buffers (4 MiB), the meta cache; the rest is room for garbage
-// between collections. A limit much closer to the live heap makes the
-// collector run back to back and empties go-fuse's buffer pools, whose
-// refills then need more collections (48 MiB with an 8 MiB cache: 1,500
-// collections in 20 s of 1 MiB reads and a third of the throughput).
-const memLimitBase = 48 << 20
+// buffers (about 1 MiB per reader of /dev/fuse), the filesystem's I/O
+// buffers (fs.DefaultIOBufferBytes, 8 MiB), the cache, qpcore's message
+// buffers (4 MiB), the meta cache; the rest is room for garbage between
+// collections. A limit much closer to the live heap makes the collector
+// run back to back and empties go-fuse's buffer pools, whose refills then
+// need more collections (48 MiB with an 8 MiB cache: 1,500 collections in
+// 20 s of 1 MiB reads and a third of the throughput).
+const memLimitBase = 56 << 20
 
 // setMemoryLimit applies --mem-limit (debug.SetMemoryLimit). go-fuse
 // allocates a reply buffer of the request's page count for every READ and
