@@ -39,6 +39,17 @@ type Backend interface {
 	Stats(w io.Writer, json bool) error
 }
 
+// BufferRegistrar is implemented by a backend whose transfers are cheaper
+// from memory registered once (qpcore.Node.Register) than from buffers it
+// must register as they come. The filesystem then registers its IOBuffers
+// at mount (and unregisters them at unmount) and passes sub-slices of
+// their Memory to Conn.ReadAt; the backend may also report the pool's
+// Stats.
+type BufferRegistrar interface {
+	RegisterIOBuffers(p *IOBuffers) error
+	UnregisterIOBuffers(p *IOBuffers) error
+}
+
 // Region describes an exported memory region.
 type Region struct {
 	Name   string

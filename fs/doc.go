@@ -107,9 +107,20 @@
 //
 // # Zero copy
 //
-// A READ's response lands in the buffer go-fuse replies from (the dest
-// slice of Read), and a WRITE is sent from the FUSE request buffer: the
-// only copies of payload bytes are the kernel's.
+// A READ's response lands in a block of the mount's I/O buffers
+// (IOBuffers: a slab the backend registered once, when it is a
+// BufferRegistrar), and go-fuse writes the reply from that block; with no
+// free block it lands in the buffer go-fuse replies from (the dest slice
+// of Read), counted in IOBufferStats.Overflows. A WRITE is sent from the
+// FUSE request buffer. The only copies of payload bytes are the kernel's.
+//
+// # Memory
+//
+// The I/O buffers are the filesystem's only memory for payload, and they
+// never grow (Options.IOBufferBytes, 8 MiB by default). go-fuse still
+// allocates a reply buffer per READ, which this package does not use;
+// collecting that garbage is the Go runtime's job (krfs mount sets a soft
+// memory limit, --mem-limit).
 //
 // # The seam
 //

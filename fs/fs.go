@@ -34,6 +34,11 @@ type Options struct {
 	// MountOptions are generic mount options for the kernel: nosuid,
 	// nodev, noexec, suid, dev, exec (nosuid and nodev are the default).
 	MountOptions []string
+	// IOBufferBytes is the size of the pool of I/O buffers that remote
+	// reads land in when the backend is a BufferRegistrar (see IOBuffers):
+	// default DefaultIOBufferBytes, rounded down to a multiple of MaxIO; a
+	// negative size turns the pool off (reads land in go-fuse's buffers).
+	IOBufferBytes int
 	// Logf, if set, receives a line for each refused request an operator
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
@@ -65,6 +70,17 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 		o.MaxRegionSize = DefaultMaxRegionSize
 	}
 	root := newRoot(b, o)
+	if reg, ok := b.(BufferRegistrar); ok && o.IOBufferBytes >= 0 {
+		size := o.IOBufferBytes
+		if size == 0 {
+			size = DefaultIOBufferBytes
+		}
+		p := NewIOBuffers(size)
+		if err := reg.RegisterIOBuffers(p); err != nil {
+			return nil, fmt.Errorf("registering %d bytes of I/O buffers: %w", size, err)
+		}
+		root.m.io = p
+	}
 	long := time.Hour
 	short := time.Second
 	opts := &gofs.Options{
@@ -92,9 +108,10 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	// Attributes go through attrFiller; READDIRPLUS would hand the kernel
 	// attributes past it, so ls -l looks each entry up instead.
 	opts.MountOptions.DisableReadDirPlus = true
-	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now()}
+	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.releaseIO}
 	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
+		root.m.releaseIO()
 		return nil, err
 	}
 	go srv.Serve()
@@ -110,7 +127,13 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 // time for mtime, ctime and atime (not 1970).
 type attrFiller struct {
 	fuse.RawFileSystem
-	mounted time.Time
+	mounted   time.Time
+	unmounted func() // after the server stopped: no request is in flight
+}
+
+func (a *attrFiller) OnUnmount() {
+	a.RawFileSystem.OnUnmount()
+	a.unmounted()
 }
 
 func (a *attrFiller) fill(at *fuse.Attr) {

@@ -16,11 +16,23 @@ import (
 
 // mount holds what every node of one mount shares.
 type mount struct {
-	b Backend
-	o Options
+	b  Backend
+	o  Options
+	io *IOBuffers // registered with b (a BufferRegistrar); nil: none
 
 	mu    sync.Mutex      // guards ports
 	ports map[uint32]Port // bound through ports/
+}
+
+// releaseIO unregisters the I/O buffers, once no request can use them.
+func (m *mount) releaseIO() {
+	if m.io == nil {
+		return
+	}
+	if err := m.b.(BufferRegistrar).UnregisterIOBuffers(m.io); err != nil {
+		m.logf("unregistering the I/O buffers: %v", err)
+	}
+	m.io = nil
 }
 
 func (m *mount) logf(format string, args ...any) {
@@ -440,10 +452,24 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 	}
 	for try := 0; ; try++ {
 		n := min(int64(len(dest)), h.size.Load()-off)
-		// The READ response lands in dest, the buffer go-fuse replies from.
-		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
-		if try > 0 || !staleErr(err) {
-			return readResult(dest, got, int(n), err)
+		// The READ response lands in a block of the registered I/O
+		// buffers, which go-fuse replies from; without a free block, in
+		// dest, the buffer go-fuse would reply from.
+		if buf := f.m.io.get(int(n)); buf != nil {
+			got, err := h.conn.ReadAt(c, f.region, buf, off)
+			if try > 0 || !staleErr(err) {
+				if err == nil && got == int(n) {
+					return &poolRead{p: f.m.io, b: buf}, 0
+				}
+				f.m.io.Put(buf)
+				return readResult(dest, got, int(n), err)
+			}
+			f.m.io.Put(buf)
+		} else {
+			got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
+			if try > 0 || !staleErr(err) {
+				return readResult(dest, got, int(n), err)
+			}
 		}
 		// The region changed under the handle: look again, retry once.
 		if rerr := h.refresh(c, f.region, 0); rerr != nil {

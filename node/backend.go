@@ -25,7 +25,27 @@ import (
 // regions), the meta client (membership) and the shm store (region
 // memory).
 
-var _ fs.Backend = (*Node)(nil)
+var (
+	_ fs.Backend         = (*Node)(nil)
+	_ fs.BufferRegistrar = (*Node)(nil)
+)
+
+// RegisterIOBuffers registers the filesystem's I/O buffers with qpcore
+// for good (Register: one MR, no registration per READ) and reports
+// them in Stats and the metrics.
+func (b *Node) RegisterIOBuffers(p *fs.IOBuffers) error {
+	if err := b.core.Register(p.Memory()); err != nil {
+		return err
+	}
+	b.ioBufs.Store(p)
+	return nil
+}
+
+// UnregisterIOBuffers undoes RegisterIOBuffers.
+func (b *Node) UnregisterIOBuffers(p *fs.IOBuffers) error {
+	b.ioBufs.CompareAndSwap(p, nil)
+	return b.core.Unregister(p.Memory())
+}
 
 const exportAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
 
@@ -247,6 +267,8 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		Auth   *verbs.AuthStats `json:",omitempty"`
 		CM     *verbs.CMStats   `json:",omitempty"`
 		Server any              `json:",omitempty"`
+		// IOBuf: the filesystem's I/O buffers, when a mount registered them.
+		IOBuf *fs.IOBufferStats `json:",omitempty"`
 		// For `krfs res` (JSON only).
 		QPs     []ResQP   `json:",omitempty"`
 		Regions []ResMR   `json:",omitempty"`
@@ -254,6 +276,10 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 	}{GID: b.core.GID(), Address: b.dev.Addr().String(), Node: b.core.Stats(), Meta: b.meta.Stats(), NIC: b.dev.Stats()}
 	if b.srv != nil {
 		st.Server = b.srv.Stats()
+	}
+	if p := b.ioBufs.Load(); p != nil {
+		s := p.Stats()
+		st.IOBuf = &s
 	}
 	if sec, ok := b.securityStats(); ok {
 		if sec.Keyed {
@@ -280,6 +306,9 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 	}
 	if st.CM != nil {
 		secs = append(secs, section{"cm", st.CM})
+	}
+	if st.IOBuf != nil {
+		secs = append(secs, section{"iobuf", st.IOBuf})
 	}
 	for _, sec := range append(secs, section{"meta-server", st.Server}) {
 		if sec.v == nil {

@@ -73,7 +73,13 @@ func (m *OpMetrics) observe(op string, c fs.Conn, start time.Time, n int, err er
 }
 
 // Metered returns b with its peer connections measured into ops.
-func Metered(b fs.Backend, ops *OpMetrics) fs.Backend { return &meteredBackend{Backend: b, m: ops} }
+func Metered(b fs.Backend, ops *OpMetrics) fs.Backend {
+	mb := &meteredBackend{Backend: b, m: ops}
+	if r, ok := b.(fs.BufferRegistrar); ok {
+		return &meteredRegistrar{meteredBackend: mb, r: r}
+	}
+	return mb
+}
 
 // meteredBackend is an fs.Backend whose peer connections are measured.
 type meteredBackend struct {
@@ -87,6 +93,18 @@ func (b *meteredBackend) Connect(ctx context.Context, gid uint32) (fs.Conn, erro
 		return nil, err
 	}
 	return &meteredConn{Conn: c, m: b.m}, nil
+}
+
+// meteredRegistrar is a meteredBackend over a backend that registers I/O
+// buffers (an embedded fs.Backend would hide those methods).
+type meteredRegistrar struct {
+	*meteredBackend
+	r fs.BufferRegistrar
+}
+
+func (b *meteredRegistrar) RegisterIOBuffers(p *fs.IOBuffers) error { return b.r.RegisterIOBuffers(p) }
+func (b *meteredRegistrar) UnregisterIOBuffers(p *fs.IOBuffers) error {
+	return b.r.UnregisterIOBuffers(p)
 }
 
 type meteredConn struct {
@@ -227,6 +245,9 @@ var (
 	mMsgs       = desc("messages_total", "Messages, by event (sent, received, rendezvous, dropped, malformed).", counter, "event")
 	mMsgBytes   = desc("message_bytes_total", "Message payload bytes delivered, by path (small or large).", counter, "path")
 	mMemCache   = desc("mem_cache_total", "Local buffer registration cache lookups, by result (hit, miss, eviction).", counter, "result")
+	mMemCached  = desc("mem_cache_bytes", "Bytes of caller buffers the registration cache keeps registered (and reachable) now.", gauge)
+	mIOBuf      = desc("iobuf_bytes", "The filesystem's registered I/O buffers, by state (size: the whole pool; in_use: handed out now; peak: the most ever in use).", gauge, "state")
+	mIOBufGets  = desc("iobuf_gets_total", "READs of remote files served from the I/O buffers (ok) or, none being free, from go-fuse's buffer (overflow).", counter, "result")
 
 	mNICPackets = desc("nic_packets_total", "Packets the NIC sent and received.", counter, "direction")
 	mNICBytes   = desc("nic_bytes_total", "Bytes the NIC sent and received.", counter, "direction")
@@ -330,6 +351,18 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(mMemCache, u(s.MemHits), "hit")
 	emit(mMemCache, u(s.MemMisses), "miss")
 	emit(mMemCache, u(s.MemEvictions), "eviction")
+	emit(mMemCached, float64(s.MemCachedBytes))
+	// Always emitted (zero without a mount): Describe collects once, at
+	// registration, before the filesystem registers its buffers.
+	var is fs.IOBufferStats
+	if p := b.ioBufs.Load(); p != nil {
+		is = p.Stats()
+	}
+	emit(mIOBuf, float64(is.Bytes), "size")
+	emit(mIOBuf, float64(is.InUse), "in_use")
+	emit(mIOBuf, float64(is.Peak), "peak")
+	emit(mIOBufGets, u(is.Gets), "ok")
+	emit(mIOBufGets, u(is.Overflows), "overflow")
 
 	d := b.dev.Stats()
 	emit(mNICPackets, u(d.TxPackets), "tx")

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 )
 
@@ -131,5 +132,33 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	}
 	if after[`krfs_nic_qps{state="RTS",type="DCI"}`] < 1 || dct < 1 {
 		t.Errorf("QPs: DCIs in RTS %v, DCTs %v", after[`krfs_nic_qps{state="RTS",type="DCI"}`], dct)
+	}
+}
+
+// TestPprofServed checks that the metrics server answers the Go runtime's
+// heap profile and the pprof index, which is what an operator uses to see
+// what a running daemon's memory holds.
+func TestPprofServed(t *testing.T) {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	addr, stop, err := ServeMetrics(log, "127.0.0.1:0", prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for path, want := range map[string]string{
+		"/debug/pprof/":               "heap",
+		"/debug/pprof/heap?debug=1":   "heap profile:",
+		"/debug/pprof/allocs?debug=1": "heap profile:",
+	} {
+		resp, err := http.Get("http://" + addr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %v %s, body without %q: %.200s", path, err, resp.Status, want, body)
+		}
 	}
 }

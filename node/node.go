@@ -24,10 +24,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/internal/shm"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
@@ -102,6 +104,10 @@ type Node struct {
 	regionMu      sync.RWMutex
 	maxRegions    int
 	maxRegionSize int64
+
+	// ioBufs is the filesystem's pool of I/O buffers, registered with
+	// core (fs.BufferRegistrar); nil when no mount registered one.
+	ioBufs atomic.Pointer[fs.IOBuffers]
 
 	closeOnce sync.Once
 }

@@ -38,13 +38,14 @@
 // transport switches and error recovery.
 //
 // Buffers are plain []byte and zero-copy: a READ's response lands in dst
-// and a WRITE is sent from src. qpcore registers a buffer on first use and
-// caches the registration by base address (LRU, at most
-// Config.MemCacheMax entries and Config.MemCacheSize bytes, 32 MiB by
+// and a WRITE is sent from src. qpcore registers a buffer on first use, up
+// to its capacity, and caches the registration by base address (LRU, at
+// most Config.MemCacheMax entries and Config.MemCacheSize bytes, 32 MiB by
 // default; a cached registration keeps its buffer reachable, so the byte
-// bound is what keeps the node's memory from growing with I/O sizes), so a
-// pool of reused buffers (go-fuse's, for example) is registered once. A
-// buffer larger than MemCacheSize is registered for its operation only.
+// bound is what keeps the node's memory from growing with I/O sizes, and
+// an entry unused for 1,024 lookups is let go), so a pool of reused
+// buffers (go-fuse's, for example) is registered once. A buffer larger
+// than MemCacheSize is registered for its operation only.
 // Stats reports the cache (MemCached, MemCachedBytes, MemUncached). Register
 // registers a buffer for good; any sub-slice of it can then be used. A
 // buffer belongs to the NIC from the call until the operation completes:

@@ -17,21 +17,33 @@ type memEntry struct {
 	mr   verbs.MR
 	base uintptr
 	n    int
-	refs int  // operations using it; guarded by memCache.mu
-	auto bool // in the automatic cache (else registered explicitly)
-	dead bool // evicted or unregistered: deregister when refs drops to 0
+	refs int    // operations using it; guarded by memCache.mu
+	auto bool   // in the automatic cache (else registered explicitly)
+	dead bool   // evicted or unregistered: deregister when refs drops to 0
+	used uint64 // memCache.lookups at its last use (auto entries)
 	elem *list.Element
 }
+
+// memIdleLookups is how many lookups an automatic entry may go unused
+// before the cache lets it go. A cached buffer is kept reachable by its
+// registration, so an entry whose buffer its owner dropped (a request
+// buffer go-fuse's pool let go at a collection) would otherwise stay
+// pinned until other buffers evict it, which a run of reads into
+// registered memory never does.
+const memIdleLookups = 1024
 
 // memCache finds the MR behind a caller's []byte. Explicit registrations
 // (Node.Register) are kept sorted and must not overlap; any other buffer
 // is registered on first use and cached by its base address, LRU-bounded
-// in entries (max) and in bytes (maxBytes). A cached registration keeps its
-// buffer reachable, so the address cannot be reused for other memory while
-// the entry lives, and so the byte bound is what keeps a node's memory from
-// growing with the sizes of the buffers it was handed (FUSE request and
-// reply buffers, application slices). A buffer larger than maxBytes is
-// registered for its operation only (stats.uncached).
+// in entries (max) and in bytes (maxBytes). An automatic registration
+// covers the buffer up to its capacity (when that fits maxBytes), so that
+// the next use of the same buffer with another length hits. A cached
+// registration keeps its buffer reachable, so the address cannot be reused
+// for other memory while the entry lives, and so the byte bound is what
+// keeps a node's memory from growing with the sizes of the buffers it was
+// handed (FUSE request and reply buffers, application slices). A buffer
+// larger than maxBytes is registered for its operation only
+// (stats.uncached).
 type memCache struct {
 	pd       verbs.PD
 	max      int
@@ -42,6 +54,7 @@ type memCache struct {
 	auto     map[uintptr]*memEntry
 	lru      list.List // auto entries, front = most recent
 	bytes    int       // sum of the auto entries' lengths
+	lookups  uint64    // get calls
 	stats    struct{ hits, misses, evictions, uncached uint64 }
 }
 
@@ -58,7 +71,17 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 		return nil, 0, ErrLocalLength
 	}
 	p := addrOf(buf)
+	var victims []*memEntry
+	defer func() {
+		for _, v := range victims {
+			v.mr.Dereg()
+		}
+	}()
 	c.mu.Lock()
+	c.lookups++
+	if idle := c.lru.Back(); idle != nil && c.lookups-idle.Value.(*memEntry).used > memIdleLookups {
+		c.expireLocked(&victims)
+	}
 	if i := sort.Search(len(c.explicit), func(i int) bool { return c.explicit[i].base > p }); i > 0 {
 		e := c.explicit[i-1]
 		if p+uintptr(len(buf)) <= e.base+uintptr(e.n) {
@@ -70,6 +93,7 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 	}
 	if e := c.auto[p]; e != nil && e.n >= len(buf) {
 		e.refs++
+		e.used = c.lookups
 		c.lru.MoveToFront(e.elem)
 		c.stats.hits++
 		c.mu.Unlock()
@@ -77,12 +101,20 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 	}
 	c.stats.misses++
 	c.mu.Unlock()
-	mr, err := c.pd.RegMR(buf, verbs.AccessLocalWrite)
+	// Register up to the buffer's capacity: a reused buffer (go-fuse's
+	// request buffer, whose WRITE payloads start at the same address with
+	// every length) then hits whatever length comes next, and the cache
+	// counts what its entry keeps reachable, not just one use's length.
+	reg := buf
+	if cap(buf) > len(buf) && cap(buf) <= c.maxBytes {
+		reg = buf[:cap(buf)]
+	}
+	mr, err := c.pd.RegMR(reg, verbs.AccessLocalWrite)
 	if err != nil {
 		return nil, 0, fmt.Errorf("qpcore: registering a local buffer: %w", err)
 	}
-	e := &memEntry{mr: mr, base: p, n: len(buf), refs: 1, auto: true}
-	if len(buf) > c.maxBytes {
+	e := &memEntry{mr: mr, base: p, n: len(reg), refs: 1, auto: true}
+	if len(reg) > c.maxBytes {
 		// Too large to keep: this operation's put deregisters it.
 		e.dead = true
 		c.mu.Lock()
@@ -90,12 +122,12 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 		c.mu.Unlock()
 		return e, 0, nil
 	}
-	var victims []*memEntry
 	c.mu.Lock()
 	if old := c.auto[p]; old != nil {
 		c.dropLocked(old, &victims)
 	}
 	c.auto[p] = e
+	e.used = c.lookups
 	e.elem = c.lru.PushFront(e)
 	c.bytes += e.n
 	for c.lru.Len() > c.max || c.bytes > c.maxBytes {
@@ -103,10 +135,22 @@ func (c *memCache) get(buf []byte) (*memEntry, uint64, error) {
 		c.stats.evictions++
 	}
 	c.mu.Unlock()
-	for _, v := range victims {
-		v.mr.Dereg()
-	}
 	return e, 0, nil
+}
+
+// expireLocked lets go of the automatic entries unused for more than
+// memIdleLookups lookups (counted in evictions); those no operation uses
+// are added to victims, for the caller to deregister once c.mu is
+// released (an entry in use is deregistered by its last put).
+func (c *memCache) expireLocked(victims *[]*memEntry) {
+	for back := c.lru.Back(); back != nil; back = c.lru.Back() {
+		e := back.Value.(*memEntry)
+		if c.lookups-e.used <= memIdleLookups {
+			return
+		}
+		c.dropLocked(e, victims)
+		c.stats.evictions++
+	}
 }
 
 // dropLocked removes an auto entry from the cache; it is deregistered now

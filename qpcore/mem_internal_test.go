@@ -78,3 +78,99 @@ func TestMemCacheBoundedInBytes(t *testing.T) {
 		t.Errorf("after close: %d MRs, %d bytes", dev.Stats().MRs, c.bytes)
 	}
 }
+
+// TestMemCacheRegistersUpToCapacity: a reused buffer (go-fuse's request
+// buffer, whose WRITE payloads all start at one address) is registered
+// once up to its capacity, so later uses of any length hit, and the cache
+// counts the capacity, which is what the entry keeps reachable. A slice
+// whose capacity is over the byte bound is registered for its length.
+func TestMemCacheRegistersUpToCapacity(t *testing.T) {
+	net := softnictest.NewNetwork(softnictest.Config{})
+	defer net.Close()
+	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 1 << 20
+	c := newMemCache(pd, 1024, bound)
+	defer c.close()
+	reqBuf := make([]byte, 256<<10)
+	for i, n := range []int{512, 100 << 10, 4096, 256 << 10, 1} {
+		e, off, err := c.get(reqBuf[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if off != 0 || e.n != len(reqBuf) {
+			t.Fatalf("use %d (%d bytes): offset %d, entry of %d bytes, want the buffer's capacity %d", i, n, off, e.n, len(reqBuf))
+		}
+		c.put(e)
+	}
+	if c.stats.misses != 1 || c.stats.hits != 4 || c.bytes != len(reqBuf) || dev.Stats().MRs != 1 {
+		t.Fatalf("misses %d hits %d bytes %d MRs %d; want one registration of %d bytes and four hits",
+			c.stats.misses, c.stats.hits, c.bytes, dev.Stats().MRs, len(reqBuf))
+	}
+	big := make([]byte, 2*bound)
+	e, _, err := c.get(big[:4096])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.n != 4096 || c.bytes != len(reqBuf)+4096 {
+		t.Fatalf("a slice of a %d-byte array: entry of %d bytes, cache %d bytes", len(big), e.n, c.bytes)
+	}
+	c.put(e)
+}
+
+// TestMemCacheLetsIdleEntriesGo: an automatic entry nobody used for
+// memIdleLookups lookups is let go (deregistered, its buffer no longer
+// kept reachable), even when every lookup since hit an explicit
+// registration and nothing else would have evicted it; an entry in use
+// meanwhile stays.
+func TestMemCacheLetsIdleEntriesGo(t *testing.T) {
+	net := softnictest.NewNetwork(softnictest.Config{})
+	defer net.Close()
+	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newMemCache(pd, 1024, 1<<20)
+	defer c.close()
+	pool := make([]byte, 64<<10)
+	if err := c.register(pool); err != nil {
+		t.Fatal(err)
+	}
+	idle, busy := make([]byte, 4096), make([]byte, 4096)
+	for _, b := range [][]byte{idle, busy} {
+		e, _, err := c.get(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.put(e)
+	}
+	for i := range memIdleLookups + 1 {
+		if i%100 == 0 {
+			e, _, _ := c.get(busy)
+			c.put(e)
+		}
+		e, _, err := c.get(pool[i%16*4096 : i%16*4096+4096])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.put(e)
+	}
+	if c.auto[addrOf(idle)] != nil || c.auto[addrOf(busy)] == nil {
+		t.Fatalf("after %d lookups: idle entry cached %v, busy entry cached %v", memIdleLookups+1, c.auto[addrOf(idle)] != nil, c.auto[addrOf(busy)] != nil)
+	}
+	if c.bytes != 4096 || dev.Stats().MRs != 2 || c.stats.evictions != 1 {
+		t.Fatalf("cache %d bytes, %d MRs on the device (want the pool and busy), %d evictions", c.bytes, dev.Stats().MRs, c.stats.evictions)
+	}
+}
