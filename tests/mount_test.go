@@ -66,6 +66,8 @@ func TestMountErrors(t *testing.T) {
 		{"address in use", []string{"mount", t.TempDir(), "--listen", "127.0.0.1:4831"}, "in use"},
 		{"meta unreachable", []string{"mount", t.TempDir(), "--listen", "127.0.0.1:4833", "--meta", "127.0.0.1:4834"}, "unreachable"},
 		{"bad size", []string{"mount", t.TempDir(), "--mem-size", "lots"}, "size"},
+		{"memory limit too small", []string{"mount", t.TempDir(), "--mem-limit", "1M"}, "--mem-limit 1M: want auto, off or a size of at least 16M"},
+		{"memory limit not a size", []string{"mount", t.TempDir(), "--mem-limit", "lots"}, "--mem-limit lots"},
 		{"wildcard listen", []string{"mount", t.TempDir(), "--listen", "0.0.0.0:4835"}, "specific IP"},
 		{"not a directory", []string{"mount", "/etc/hostname", "--listen", "127.0.0.1:4836"}, "not a directory"},
 	}

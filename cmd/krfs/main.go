@@ -28,7 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"strings"
 
 	"github.com/sirupsen/logrus"
@@ -37,6 +36,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/internal/units"
 )
 
 // Version, Commit and BuildDate are set by `make build` with -ldflags
@@ -229,26 +229,12 @@ func (l *logFlags) logger(w io.Writer) (*logrus.Logger, error) {
 	return log, nil
 }
 
-// parseSize parses sizes like 4096, 64K, 16M, 1G (powers of 1024).
+// parseSize parses sizes like 4096, 64K, 16M, 1G (units.ParseBytes); a
+// bad one is a usage error.
 func parseSize(s string) (int64, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
-	mul := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'K':
-			mul, t = 1<<10, t[:n-1]
-		case 'M':
-			mul, t = 1<<20, t[:n-1]
-		case 'G':
-			mul, t = 1<<30, t[:n-1]
-		case 'T':
-			mul, t = 1<<40, t[:n-1]
-		}
+	v, err := units.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	v, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || v < 0 || v > (1<<40)/mul {
-		return 0, fmt.Errorf("%w: size %q: want a number with an optional K, M, G or T suffix", errUsage, s)
-	}
-	return v * mul, nil
+	return v, nil
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -53,8 +52,8 @@ type mountFlags struct {
 	portDepth   int
 	memCache    string
 	memLimit    string
-	fuseOpts    []string                                // generic mount options handed to the kernel
-	limits      struct{ maxRegionSize, memCache int64 } // parsed maxRegSize, memCache
+	fuseOpts    []string                                          // generic mount options handed to the kernel
+	limits      struct{ maxRegionSize, memCache, memLimit int64 } // parsed maxRegSize, memCache, memLimit (0: off)
 	log         logFlags
 }
 
@@ -206,6 +205,13 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	if f.limits.memCache, err = parseSize(f.memCache); err != nil || f.limits.memCache < 0 {
 		return fmt.Errorf("%w: --mem-cache %s: want a size like 8M", errUsage, f.memCache)
 	}
+	if f.limits.memLimit = node.AutoMemoryLimit(f.limits.memCache); f.memLimit == "off" {
+		f.limits.memLimit = 0
+	} else if f.memLimit != "auto" {
+		if f.limits.memLimit, err = parseSize(f.memLimit); err != nil || f.limits.memLimit < 16<<20 {
+			return fmt.Errorf("%w: --mem-limit %s: want auto, off or a size of at least 16M", errUsage, f.memLimit)
+		}
+	}
 	if f.maxRegions < 1 || f.maxRegions > 4096 {
 		return fmt.Errorf("%w: --max-regions %d: want 1..4096", errUsage, f.maxRegions)
 	}
@@ -241,9 +247,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 		log.Warnf("cleaned up a stale mount at %s left by a crashed daemon", mnt)
 	}
 
-	if err := setMemoryLimit(log, f); err != nil {
-		return err
-	}
+	log.Info(node.SetMemoryLimit(f.limits.memLimit))
 	n, err := startNode(log, f, backend, listen, servers, mem)
 	if err != nil {
 		return err
@@ -293,50 +297,6 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 		// fail with EINVAL (after go-fuse's retries) and log a warning.
 		log.Infof("%s was unmounted", mnt)
 	}
-	return nil
-}
-
-// memLimitBase is what --mem-limit auto allows the daemon beyond its
-// registration cache (--mem-cache): 64 MiB with the default cache, the
-// bound on a daemon's own memory. The daemon's live heap after heavy
-// mixed I/O was about 40 MiB with an 8 MiB cache: go-fuse's request
-// buffers (about 1 MiB per reader of /dev/fuse), the filesystem's I/O
-// buffers (fs.DefaultIOBufferBytes, 8 MiB), the cache, qpcore's message
-// buffers (4 MiB), the meta cache; the rest is room for garbage between
-// collections. A limit much closer to the live heap makes the collector
-// run back to back and empties go-fuse's buffer pools, whose refills then
-// need more collections (48 MiB with an 8 MiB cache: 1,500 collections in
-// 20 s of 1 MiB reads and a third of the throughput).
-const memLimitBase = 56 << 20
-
-// setMemoryLimit applies --mem-limit (debug.SetMemoryLimit). go-fuse
-// allocates a reply buffer of the request's page count for every READ and
-// pools them per page count, so reads of assorted sizes leave garbage
-// behind that the collector, paced by GOGC alone, lets grow with the
-// heap: 1 GiB of anonymous memory after a minute of fio. The live heap is
-// small and bounded (the registration cache, the filesystem's I/O
-// buffers, go-fuse's request buffers), so a soft limit above it keeps the
-// daemon's memory at the limit for little collection work.
-func setMemoryLimit(log *logrus.Logger, f *mountFlags) error {
-	if env := os.Getenv("GOMEMLIMIT"); env != "" {
-		log.Infof("memory limit: GOMEMLIMIT=%s from the environment (--mem-limit %s ignored)", env, f.memLimit)
-		return nil
-	}
-	var limit int64
-	switch f.memLimit {
-	case "off":
-		log.Info("memory limit: off (--mem-limit off)")
-		return nil
-	case "auto":
-		limit = memLimitBase + f.limits.memCache
-	default:
-		var err error
-		if limit, err = parseSize(f.memLimit); err != nil || limit < 16<<20 {
-			return fmt.Errorf("%w: --mem-limit %s: want auto, off or a size of at least 16M", errUsage, f.memLimit)
-		}
-	}
-	debug.SetMemoryLimit(limit)
-	log.Debugf("memory limit: %d MiB (--mem-limit %s)", limit>>20, f.memLimit)
 	return nil
 }
 
