@@ -207,12 +207,25 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	// Connect to every server at once; return when one is up, and let
 	// the others finish in the background (a dead replica must not hold
 	// up a node's start by its connect timeout).
+	//
+	// Each attempt lasts as long as the caller waits (ctx), not
+	// ConnectTimeout: a server that is slow to answer, as when many nodes
+	// start at once on a loaded machine, still answers the one handshake
+	// (whose request the NIC resends with backoff), where abandoning it
+	// after ConnectTimeout and starting another would only add work to
+	// what the server has queued. A ctx without a deadline gets
+	// ConnectTimeout.
+	actx, acancel := context.WithCancel(c.ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		actx, acancel = context.WithDeadline(c.ctx, dl)
+	}
+	context.AfterFunc(ctx, acancel)
 	results := make(chan error, len(c.servers))
 	for _, s := range c.servers {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			cn, err := c.connect(c.ctx, s)
+			cn, err := c.connect(actx, s, true)
 			if err == nil {
 				cn.unref()
 			}
@@ -311,7 +324,14 @@ func (s *server) live() *conn {
 
 // connect returns s's live connection, or makes one. The caller gets a
 // reference.
-func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
+//
+// A connection attempt lasts ConnectTimeout, or, with budget set, until
+// ctx's deadline: a caller that has only this server to ask (one server
+// configured, or NewClient, which returns at the first answer) gains
+// nothing by abandoning a handshake that a slow server has not answered
+// yet and starting another one, which would only queue more work at that
+// server. A ctx without a deadline gets ConnectTimeout either way.
+func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, error) {
 	if cn := s.live(); cn != nil {
 		return cn, nil
 	}
@@ -337,7 +357,12 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 		return nil, fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 	}
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); budget && ok {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = clock.WithTimeout(ctx, c.clock, c.cfg.ConnectTimeout)
+	}
 	defer cancel()
 	s.mu.Lock()
 	gen := s.gens + 1
@@ -347,7 +372,9 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		s.lastErr = err
+		// An attempt may have lasted the caller's budget: "a moment
+		// ago" counts from its end.
+		s.lastErr, s.lastTry = err, c.clock.Now()
 		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 		}
@@ -388,7 +415,7 @@ func (c *Client) maintain() {
 				due := now.Sub(s.lastTry) >= c.cfg.RetryInterval
 				s.mu.Unlock()
 				if due {
-					if cn, err := c.connect(ctx, s); err == nil {
+					if cn, err := c.connect(ctx, s, false); err == nil {
 						cn.unref()
 					}
 				}
@@ -431,7 +458,7 @@ func (c *Client) onServer(ctx context.Context, cn *conn, op func(cn *conn) error
 		}
 	}()
 	for try := 0; err != nil && cn.isDead() && try < MaxRebuilds && ctx.Err() == nil && !c.closed(); try++ {
-		ncn, cerr := c.connect(ctx, s)
+		ncn, cerr := c.connect(ctx, s, c.single())
 		if cerr != nil {
 			break
 		}
@@ -524,7 +551,7 @@ func (c *Client) connectAll(ctx context.Context) ([]*conn, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i].cn, res[i].err = c.connect(ctx, s)
+			res[i].cn, res[i].err = c.connect(ctx, s, c.single())
 		}()
 	}
 	wg.Wait()
@@ -552,6 +579,10 @@ func (c *Client) liveConns() []*conn {
 	}
 	return out
 }
+
+// single reports whether the client has one server: nothing to fail over
+// to, so a connection attempt may use the caller's whole budget.
+func (c *Client) single() bool { return len(c.servers) == 1 }
 
 func (c *Client) index(cn *conn) int {
 	for i, s := range c.servers {
