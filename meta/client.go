@@ -123,6 +123,9 @@ type ClientStats struct {
 	// LastKnown counts lookups answered from the last known entry
 	// because no meta server was reachable.
 	LastKnown uint64
+	// MapRetries counts Lists that found the membership map changing
+	// under them and read it again.
+	MapRetries uint64
 }
 
 // Client reads the node table of one or more meta servers and caches
@@ -159,7 +162,7 @@ type Client struct {
 	st struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
-		lastKnown, rebuilds                      atomic.Uint64
+		lastKnown, rebuilds, mapRetries          atomic.Uint64
 	}
 }
 
@@ -325,12 +328,14 @@ func (s *server) live() *conn {
 // connect returns s's live connection, or makes one. The caller gets a
 // reference.
 //
-// A connection attempt lasts ConnectTimeout, or, with budget set, until
-// ctx's deadline: a caller that has only this server to ask (one server
-// configured, or NewClient, which returns at the first answer) gains
-// nothing by abandoning a handshake that a slow server has not answered
-// yet and starting another one, which would only queue more work at that
-// server. A ctx without a deadline gets ConnectTimeout either way.
+// A connection attempt lasts ConnectTimeout, or, with budget set (a new
+// client's first connection), until ctx's deadline: a node that is
+// starting has nothing to fall back on, and gains nothing by abandoning a
+// handshake that a slow server has not answered yet to start another one,
+// which would only queue more work at that server. Later attempts keep
+// ConnectTimeout, so that with the service down a lookup fails (or
+// answers from the last known entry) within it, not at its deadline. A
+// ctx without a deadline gets ConnectTimeout either way.
 func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, error) {
 	if cn := s.live(); cn != nil {
 		return cn, nil
@@ -361,7 +366,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 	if _, ok := ctx.Deadline(); budget && ok {
 		ctx, cancel = context.WithCancel(ctx)
 	} else {
-		ctx, cancel = clock.WithTimeout(ctx, c.clock, c.cfg.ConnectTimeout)
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.ConnectTimeout)
 	}
 	defer cancel()
 	s.mu.Lock()
@@ -458,7 +463,7 @@ func (c *Client) onServer(ctx context.Context, cn *conn, op func(cn *conn) error
 		}
 	}()
 	for try := 0; err != nil && cn.isDead() && try < MaxRebuilds && ctx.Err() == nil && !c.closed(); try++ {
-		ncn, cerr := c.connect(ctx, s, c.single())
+		ncn, cerr := c.connect(ctx, s, false)
 		if cerr != nil {
 			break
 		}
@@ -551,7 +556,7 @@ func (c *Client) connectAll(ctx context.Context) ([]*conn, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i].cn, res[i].err = c.connect(ctx, s, c.single())
+			res[i].cn, res[i].err = c.connect(ctx, s, false)
 		}()
 	}
 	wg.Wait()
@@ -579,10 +584,6 @@ func (c *Client) liveConns() []*conn {
 	}
 	return out
 }
-
-// single reports whether the client has one server: nothing to fail over
-// to, so a connection attempt may use the caller's whole budget.
-func (c *Client) single() bool { return len(c.servers) == 1 }
 
 func (c *Client) index(cn *conn) int {
 	for i, s := range c.servers {
@@ -821,7 +822,7 @@ func (c *Client) list(ctx context.Context) ([]NodeInfo, error) {
 	err := c.each(ctx, func(cn *conn) (bool, error) {
 		err := c.onServer(ctx, cn, func(cn *conn) error {
 			var err error
-			all, err = cn.readTable(ctx)
+			all, err = cn.list(ctx)
 			return err
 		})
 		return err == nil, err
@@ -886,6 +887,7 @@ func (c *Client) Stats() ClientStats {
 		Connects:     c.st.connects.Load(),
 		Invalidated:  c.st.inval.Load(),
 		LastKnown:    c.st.lastKnown.Load(),
+		MapRetries:   c.st.mapRetries.Load(),
 	}
 }
 
