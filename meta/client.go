@@ -23,8 +23,10 @@ const (
 	DefaultDepth          = 64
 	DefaultRPCTimeout     = time.Second
 	DefaultConnectTimeout = time.Second
-	DefaultRetryInterval  = 200 * time.Millisecond
-	DefaultQPRetryCnt     = 7
+	// DefaultFirstConnectTimeout: see ClientConfig.FirstConnectTimeout.
+	DefaultFirstConnectTimeout = 8 * time.Second
+	DefaultRetryInterval       = 200 * time.Millisecond
+	DefaultQPRetryCnt          = 7
 	// ListChunk bounds one READ of List. The default table (2 MiB) is
 	// one READ; larger tables are read in several READs posted with one
 	// doorbell.
@@ -50,8 +52,10 @@ type ClientConfig struct {
 	// 1024).
 	Depth int
 	// RPCTimeout bounds the wait for a reply; ConnectTimeout a
-	// connection attempt.
-	RPCTimeout, ConnectTimeout time.Duration
+	// connection attempt. FirstConnectTimeout bounds NewClient's attempt
+	// when its ctx has a later deadline (a server slow to answer, as when
+	// many nodes start at once, then completes the one handshake).
+	RPCTimeout, ConnectTimeout, FirstConnectTimeout time.Duration
 	// RetryInterval paces reconnection to a server that is down, and is
 	// how often the client checks whether a connection needs a ping.
 	RetryInterval time.Duration
@@ -89,6 +93,9 @@ func (c *ClientConfig) fill() error {
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.FirstConnectTimeout == 0 {
+		c.FirstConnectTimeout = max(DefaultFirstConnectTimeout, c.ConnectTimeout)
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
@@ -216,10 +223,14 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	// start at once on a loaded machine, still answers the one handshake
 	// (whose request the NIC resends with backoff), where abandoning it
 	// after ConnectTimeout and starting another would only add work to
-	// what the server has queued. A ctx without a deadline gets
-	// ConnectTimeout.
+	// what the server has queued. It still ends after FirstConnectTimeout,
+	// so that a caller that retries (node.Start) reports a service that
+	// is down; a ctx without a deadline gets ConnectTimeout.
 	actx, acancel := context.WithCancel(c.ctx)
 	if dl, ok := ctx.Deadline(); ok {
+		if end := time.Now().Add(cfg.FirstConnectTimeout); end.Before(dl) {
+			dl = end
+		}
 		actx, acancel = context.WithDeadline(c.ctx, dl)
 	}
 	context.AfterFunc(ctx, acancel)

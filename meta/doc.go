@@ -215,7 +215,8 @@
 // Many nodes starting at once load the machine that runs the meta
 // service, which may then answer a connection request seconds late. A
 // new client's first connection attempt therefore lasts until the
-// caller's deadline (NewClient's ctx), not ConnectTimeout: the NIC
+// caller's deadline (NewClient's ctx; at most FirstConnectTimeout, 8 s),
+// not ConnectTimeout: the NIC
 // resends the request with backoff (20 ms, doubling to 1 s), so a slow
 // server gets one handshake per client to answer, where abandoning it at
 // ConnectTimeout and starting another would leave it more requests whose
