@@ -247,7 +247,7 @@ func (a *Agent) period(i int) time.Duration {
 // lost it, or restarted since), heartbeat otherwise.
 func (a *Agent) maintain(ctx context.Context, i int) {
 	c := a.c
-	cn, err := c.connect(ctx, c.servers[i])
+	cn, err := c.connect(ctx, c.servers[i], false)
 	if err != nil {
 		a.mu.Lock()
 		a.per[i].err = err

@@ -36,6 +36,10 @@ type Bootstrap struct {
 	IdleTimeout time.Duration
 	// Lease is the lease the server grants when a node asks for none.
 	Lease time.Duration
+	// MapOffset is where the membership map lies in the table MR (past
+	// TableLen), or 0 if the server keeps none (an older server): List
+	// then READs the whole table.
+	MapOffset uint32
 }
 
 // The reply's private data, little-endian:
@@ -45,7 +49,7 @@ type Bootstrap struct {
 //	20 u16 H             22  u16 reserved   24  i64 epoch (unix ns)
 //	32 u64 server incarnation                40  u64 DC key
 //	48 u32 DCT number    52  u32 idle timeout ms
-//	56 u32 default lease ms                  60  u32 reserved
+//	56 u32 default lease ms                  60  u32 membership map offset (0: none)
 //
 // The request's private data is u32 magic "KRMC", u16 version, u16 zero.
 const (
@@ -73,6 +77,7 @@ func (b *Bootstrap) marshal() []byte {
 	binary.LittleEndian.PutUint32(p[48:], b.DCTN)
 	binary.LittleEndian.PutUint32(p[52:], uint32(b.IdleTimeout/time.Millisecond))
 	binary.LittleEndian.PutUint32(p[56:], uint32(b.Lease/time.Millisecond))
+	binary.LittleEndian.PutUint32(p[60:], b.MapOffset)
 	return p
 }
 
@@ -106,6 +111,11 @@ func parseBootstrap(p []byte) (Bootstrap, error) {
 	}
 	if int(b.TableLen) != g.bytes() {
 		return b, fmt.Errorf("meta: table of %d bytes does not fit %d slots", b.TableLen, b.Slots)
+	}
+	// Older servers send 0 here (the field was reserved); a map anywhere
+	// else than right after the table is not one this client can read.
+	if m := binary.LittleEndian.Uint32(p[60:]); m == uint32(g.mapOffset()) {
+		b.MapOffset = m
 	}
 	return b, nil
 }

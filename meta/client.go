@@ -23,8 +23,10 @@ const (
 	DefaultDepth          = 64
 	DefaultRPCTimeout     = time.Second
 	DefaultConnectTimeout = time.Second
-	DefaultRetryInterval  = 200 * time.Millisecond
-	DefaultQPRetryCnt     = 7
+	// DefaultFirstConnectTimeout: see ClientConfig.FirstConnectTimeout.
+	DefaultFirstConnectTimeout = 8 * time.Second
+	DefaultRetryInterval       = 200 * time.Millisecond
+	DefaultQPRetryCnt          = 7
 	// ListChunk bounds one READ of List. The default table (2 MiB) is
 	// one READ; larger tables are read in several READs posted with one
 	// doorbell.
@@ -50,8 +52,10 @@ type ClientConfig struct {
 	// 1024).
 	Depth int
 	// RPCTimeout bounds the wait for a reply; ConnectTimeout a
-	// connection attempt.
-	RPCTimeout, ConnectTimeout time.Duration
+	// connection attempt. FirstConnectTimeout bounds NewClient's attempt
+	// when its ctx has a later deadline (a server slow to answer, as when
+	// many nodes start at once, then completes the one handshake).
+	RPCTimeout, ConnectTimeout, FirstConnectTimeout time.Duration
 	// RetryInterval paces reconnection to a server that is down, and is
 	// how often the client checks whether a connection needs a ping.
 	RetryInterval time.Duration
@@ -90,6 +94,9 @@ func (c *ClientConfig) fill() error {
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
 	}
+	if c.FirstConnectTimeout == 0 {
+		c.FirstConnectTimeout = max(DefaultFirstConnectTimeout, c.ConnectTimeout)
+	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
 	}
@@ -123,6 +130,9 @@ type ClientStats struct {
 	// LastKnown counts lookups answered from the last known entry
 	// because no meta server was reachable.
 	LastKnown uint64
+	// MapRetries counts Lists that found the membership map changing
+	// under them and read it again.
+	MapRetries uint64
 }
 
 // Client reads the node table of one or more meta servers and caches
@@ -159,7 +169,7 @@ type Client struct {
 	st struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
-		lastKnown, rebuilds                      atomic.Uint64
+		lastKnown, rebuilds, mapRetries          atomic.Uint64
 	}
 }
 
@@ -207,12 +217,29 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	// Connect to every server at once; return when one is up, and let
 	// the others finish in the background (a dead replica must not hold
 	// up a node's start by its connect timeout).
+	//
+	// Each attempt lasts as long as the caller waits (ctx), not
+	// ConnectTimeout: a server that is slow to answer, as when many nodes
+	// start at once on a loaded machine, still answers the one handshake
+	// (whose request the NIC resends with backoff), where abandoning it
+	// after ConnectTimeout and starting another would only add work to
+	// what the server has queued. It still ends after FirstConnectTimeout,
+	// so that a caller that retries (node.Start) reports a service that
+	// is down; a ctx without a deadline gets ConnectTimeout.
+	actx, acancel := context.WithCancel(c.ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		if end := time.Now().Add(cfg.FirstConnectTimeout); end.Before(dl) {
+			dl = end
+		}
+		actx, acancel = context.WithDeadline(c.ctx, dl)
+	}
+	context.AfterFunc(ctx, acancel)
 	results := make(chan error, len(c.servers))
 	for _, s := range c.servers {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			cn, err := c.connect(c.ctx, s)
+			cn, err := c.connect(actx, s, true)
 			if err == nil {
 				cn.unref()
 			}
@@ -311,7 +338,16 @@ func (s *server) live() *conn {
 
 // connect returns s's live connection, or makes one. The caller gets a
 // reference.
-func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
+//
+// A connection attempt lasts ConnectTimeout, or, with budget set (a new
+// client's first connection), until ctx's deadline: a node that is
+// starting has nothing to fall back on, and gains nothing by abandoning a
+// handshake that a slow server has not answered yet to start another one,
+// which would only queue more work at that server. Later attempts keep
+// ConnectTimeout, so that with the service down a lookup fails (or
+// answers from the last known entry) within it, not at its deadline. A
+// ctx without a deadline gets ConnectTimeout either way.
+func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, error) {
 	if cn := s.live(); cn != nil {
 		return cn, nil
 	}
@@ -337,7 +373,12 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 		return nil, fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 	}
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); budget && ok {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	}
 	defer cancel()
 	s.mu.Lock()
 	gen := s.gens + 1
@@ -347,7 +388,9 @@ func (c *Client) connect(ctx context.Context, s *server) (*conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		s.lastErr = err
+		// An attempt may have lasted the caller's budget: "a moment
+		// ago" counts from its end.
+		s.lastErr, s.lastTry = err, c.clock.Now()
 		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 		}
@@ -388,7 +431,7 @@ func (c *Client) maintain() {
 				due := now.Sub(s.lastTry) >= c.cfg.RetryInterval
 				s.mu.Unlock()
 				if due {
-					if cn, err := c.connect(ctx, s); err == nil {
+					if cn, err := c.connect(ctx, s, false); err == nil {
 						cn.unref()
 					}
 				}
@@ -431,7 +474,7 @@ func (c *Client) onServer(ctx context.Context, cn *conn, op func(cn *conn) error
 		}
 	}()
 	for try := 0; err != nil && cn.isDead() && try < MaxRebuilds && ctx.Err() == nil && !c.closed(); try++ {
-		ncn, cerr := c.connect(ctx, s)
+		ncn, cerr := c.connect(ctx, s, false)
 		if cerr != nil {
 			break
 		}
@@ -524,7 +567,7 @@ func (c *Client) connectAll(ctx context.Context) ([]*conn, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i].cn, res[i].err = c.connect(ctx, s)
+			res[i].cn, res[i].err = c.connect(ctx, s, false)
 		}()
 	}
 	wg.Wait()
@@ -790,7 +833,7 @@ func (c *Client) list(ctx context.Context) ([]NodeInfo, error) {
 	err := c.each(ctx, func(cn *conn) (bool, error) {
 		err := c.onServer(ctx, cn, func(cn *conn) error {
 			var err error
-			all, err = cn.readTable(ctx)
+			all, err = cn.list(ctx)
 			return err
 		})
 		return err == nil, err
@@ -855,6 +898,7 @@ func (c *Client) Stats() ClientStats {
 		Connects:     c.st.connects.Load(),
 		Invalidated:  c.st.inval.Load(),
 		LastKnown:    c.st.lastKnown.Load(),
+		MapRetries:   c.st.mapRetries.Load(),
 	}
 }
 

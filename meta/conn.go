@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -564,6 +565,160 @@ func (cn *conn) call(ctx context.Context, m message) (message, error) {
 // listChunk is ListChunk; tests make it smaller.
 var listChunk = ListChunk
 
+// Reading the membership map (list): at most mapReadsPerPost slot READs
+// are posted at once, and a list whose map kept changing mapTries times
+// READs the whole table instead.
+const (
+	mapReadsPerPost = 16
+	mapTries        = 8
+)
+
+// list returns the live nodes: from the membership map and the live slots
+// when the server keeps a map, otherwise from the whole table.
+func (cn *conn) list(ctx context.Context) ([]NodeInfo, error) {
+	if cn.boot.MapOffset == 0 {
+		return cn.readTable(ctx)
+	}
+	for try := 0; try < mapTries; try++ {
+		out, ok, err := cn.readMembers(ctx)
+		if err != nil || ok {
+			return out, err
+		}
+		cn.cl.st.mapRetries.Add(1)
+		backoff(try + 4)
+	}
+	return cn.readTable(ctx)
+}
+
+// listBuffer returns the registered landing area of list READs: the
+// table's size plus the map's, so that every READ lands at its own offset.
+// listMu held.
+func (cn *conn) listBuffer() error {
+	if cn.listMR != nil {
+		return nil
+	}
+	cn.listMem = make([]byte, int(cn.boot.TableLen)+cn.geom.mapBytes())
+	mr, err := cn.cl.pd.RegMR(cn.listMem, verbs.AccessLocalWrite)
+	if err != nil {
+		cn.listMem = nil
+		return err
+	}
+	cn.listMR = mr
+	return nil
+}
+
+// readMembers READs the membership map, then the live slots it names, then
+// the map's generation again. ok is false if occupancy changed meanwhile
+// (the caller tries again).
+func (cn *conn) readMembers(ctx context.Context) (_ []NodeInfo, ok bool, err error) {
+	cn.listMu.Lock()
+	defer cn.listMu.Unlock()
+	if err := cn.listBuffer(); err != nil {
+		return nil, false, err
+	}
+	moff := int(cn.boot.MapOffset)
+	mlen := cn.geom.mapBytes()
+	if err := cn.readList(ctx, []verbs.SendWR{cn.listRead(moff, mlen)}); err != nil {
+		return nil, false, err
+	}
+	gen := binary.LittleEndian.Uint64(cn.listMem[moff:])
+	if gen&1 != 0 {
+		return nil, false, nil
+	}
+	var live []int
+	for w := range cn.geom.mapWords() {
+		word := binary.LittleEndian.Uint64(cn.listMem[moff+8+8*w:])
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &^= 1 << b
+			if i := 64*w + b; i < cn.geom.physSlots() {
+				live = append(live, i)
+			}
+		}
+	}
+	// Runs of adjacent live slots are one READ each.
+	var wrs []verbs.SendWR
+	for k := 0; k < len(live); {
+		j := k + 1
+		for j < len(live) && live[j] == live[j-1]+1 {
+			j++
+		}
+		wrs = append(wrs, cn.listRead(int(slotOffset(live[k])), (j-k)*EntrySize))
+		k = j
+	}
+	for len(wrs) > 0 {
+		n := min(len(wrs), mapReadsPerPost)
+		if err := cn.readList(ctx, wrs[:n]); err != nil {
+			return nil, false, err
+		}
+		wrs = wrs[n:]
+	}
+	if err := cn.readList(ctx, []verbs.SendWR{cn.listRead(moff, 8)}); err != nil {
+		return nil, false, err
+	}
+	if binary.LittleEndian.Uint64(cn.listMem[moff:]) != gen {
+		return nil, false, nil
+	}
+	out := make([]NodeInfo, 0, len(live))
+	for _, i := range live {
+		e, ok := decodeEntry(cn.listMem[slotOffset(i):][:EntrySize])
+		for try := 0; !ok; try++ {
+			cn.cl.st.tornReads.Add(1)
+			if try >= maxTornRetries {
+				return nil, false, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
+			}
+			backoff(try)
+			if e, ok, err = cn.readSlot(ctx, i); err != nil {
+				return nil, false, err
+			}
+		}
+		if e.live {
+			out = append(out, e.node)
+		}
+	}
+	return dedupe(out), true, nil
+}
+
+// listRead is a READ of n bytes of the table MR at off into the same
+// offset of the list buffer.
+func (cn *conn) listRead(off, n int) verbs.SendWR {
+	return verbs.SendWR{Op: verbs.OpRead, Local: verbs.SGE{MR: cn.listMR, Offset: uint64(off), Length: uint32(n)},
+		RemoteAddr: uint64(off), RKey: cn.boot.TableRKey}
+}
+
+// readList posts wrs (READs into the list buffer) with one doorbell, the
+// last signaled, and waits for them. listMu held.
+func (cn *conn) readList(ctx context.Context, wrs []verbs.SendWR) error {
+	slot, seq, err := cn.acquire(ctx, opRead)
+	if err != nil {
+		return err
+	}
+	for i := range wrs {
+		wrs[i].ID, wrs[i].Flags = wrID(slot, seq), 0
+	}
+	wrs[len(wrs)-1].Flags = verbs.Signaled
+	if err := cn.qp.PostSend(wrs); err != nil {
+		cn.kill()
+		cn.abandon(slot, seq)
+		return fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
+	}
+	abandoned, err := cn.wait(ctx, slot, seq, nil)
+	if err != nil {
+		if abandoned {
+			// The READs may still land in the buffer: use new memory
+			// next time.
+			cn.listMR.Dereg()
+			cn.listMR, cn.listMem = nil, nil
+		} else {
+			cn.finish(slot)
+		}
+		return err
+	}
+	cn.cl.st.reads.Add(uint64(len(wrs)))
+	cn.finish(slot)
+	return nil
+}
+
 // readTable READs the whole table in chunks of at most ListChunk bytes,
 // posted with one doorbell, and decodes it; torn slots are read again one
 // by one.
@@ -571,13 +726,8 @@ func (cn *conn) readTable(ctx context.Context) ([]NodeInfo, error) {
 	cn.listMu.Lock()
 	defer cn.listMu.Unlock()
 	n := int(cn.boot.TableLen)
-	if cn.listMR == nil {
-		cn.listMem = make([]byte, n)
-		mr, err := cn.cl.pd.RegMR(cn.listMem, verbs.AccessLocalWrite)
-		if err != nil {
-			return nil, err
-		}
-		cn.listMR = mr
+	if err := cn.listBuffer(); err != nil {
+		return nil, err
 	}
 	slot, seq, err := cn.acquire(ctx, opRead)
 	if err != nil {

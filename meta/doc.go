@@ -69,9 +69,18 @@
 // (ErrTableFull); consecutive gids, which Fibonacci hashing spreads
 // evenly, fill the table completely.
 //
-// List (the full-mesh bootstrap) and LookupMany with many misses READ the
-// whole table: one READ up to ListChunk (16 MiB, so the default table is
-// one READ), otherwise several READs posted with one doorbell.
+// List (the full-mesh bootstrap) and LookupMany with many misses read the
+// membership map that follows the table in the same MR: a generation and
+// one bit per live slot (layout.go). List READs the map, then the live
+// slots (adjacent ones in one READ, 16 READs per doorbell), then the
+// generation again, and starts over if it changed (a write group that
+// changes which slots are live writes the generation odd before its slots
+// and even after its bitmap words). So a List of 64 nodes moves about
+// 12 KiB, not the whole table (4 MiB at the default size), which many
+// nodes listing at once made the meta service's main load. From a server
+// without a map (Bootstrap.MapOffset 0), or after 8 changes in a row, List
+// READs the whole table: one READ up to ListChunk (16 MiB), otherwise
+// several READs posted with one doorbell.
 //
 // # Versioned entries
 //
@@ -203,6 +212,18 @@
 // (TestColdLookupBurstSlowServer). A server whose connect failed is not
 // dialed again by every caller: for RetryInterval, callers fail at once
 // and the client's maintenance goroutine retries.
+//
+// Many nodes starting at once load the machine that runs the meta
+// service, which may then answer a connection request seconds late. A
+// new client's first connection attempt therefore lasts until the
+// caller's deadline (NewClient's ctx; at most FirstConnectTimeout, 8 s),
+// not ConnectTimeout: the NIC
+// resends the request with backoff (20 ms, doubling to 1 s), so a slow
+// server gets one handshake per client to answer, where abandoning it at
+// ConnectTimeout and starting another would leave it more requests whose
+// requesters are gone (TestManyArriveAtASlowServer). Later reconnections
+// keep ConnectTimeout, so that with the service down a lookup fails, or
+// answers from the last entry it read, within it.
 //
 // An operation whose connection fails under it with a transport error
 // (its QP went to ERR: a SEND or READ out of retries, a server that lost

@@ -110,6 +110,31 @@ func (g tableGeom) physSlots() int { return g.slots + g.nbhd - 1 }
 // bytes is the size of the whole table MR.
 func (g tableGeom) bytes() int { return HeaderSize + g.physSlots()*EntrySize }
 
+// The membership map follows the table in the same MR (at mapOffset, a
+// multiple of 64), so that List reads the live slots instead of the whole
+// table:
+//
+//	0  u64 generation: odd while the server changes which slots are live
+//	8  u64 words, one bit per physical slot (bit i%64 of word i/64): set
+//	   when slot i holds a live entry
+//
+// The server writes it, like the slots, with loopback RDMA WRITEs: a write
+// group that changes a slot's occupancy first writes generation g+1, then
+// its slots, then the changed words, then g+2. A reader that READs the
+// generation, the map, the live slots and the generation again, and sees
+// the same even value both times, saw no change of occupancy in between
+// (a READ lands in address order, and the NIC executes one QP's WRITEs in
+// order). Bootstrap.MapOffset tells clients it is there.
+
+// mapOffset is where the membership map starts in the table MR.
+func (g tableGeom) mapOffset() int { return g.bytes() }
+
+// mapWords is the number of 64-bit words of the membership bitmap.
+func (g tableGeom) mapWords() int { return (g.physSlots() + 63) / 64 }
+
+// mapBytes is the size of the membership map: generation and bitmap.
+func (g tableGeom) mapBytes() int { return 8 + 8*g.mapWords() }
+
 // nbhdBytes is the size of one lookup READ.
 func (g tableGeom) nbhdBytes() int { return g.nbhd * EntrySize }
 

@@ -441,11 +441,30 @@ func TestTenThousandNodes(t *testing.T) {
 	if st := reader.Stats(); st.Reads != nodes {
 		t.Fatalf("%d READs for %d lookups", st.Reads, nodes)
 	}
-	// The 2 MiB table in 64 KiB READs, one doorbell (ListChunk is 16 MiB).
-	defer func(c int) { listChunk = c }(listChunk)
-	listChunk = 64 << 10
+	// From the membership map: the map, the live slots (runs of
+	// adjacent ones in one READ each), the map's generation again.
 	reads := reader.Stats().Reads
 	all, err := reader.List(ctx)
+	if err != nil || len(all) != nodes {
+		t.Fatalf("List: %d nodes, %v", len(all), err)
+	}
+	if got := reader.Stats().Reads - reads; got < 3 || got > nodes+2 {
+		t.Fatalf("List from the map took %d READs for %d nodes", got, nodes)
+	}
+	for i, n := range all {
+		if n != testNode(uint32(i+1), inc(uint32(i+1))) {
+			t.Fatalf("List[%d] = %+v", i, n)
+		}
+	}
+	// Without the map (an older server): the 4 MiB table in 64 KiB
+	// READs, one doorbell (ListChunk is 16 MiB).
+	cn := reader.servers[0].live()
+	cn.boot.MapOffset = 0
+	cn.unref()
+	defer func(c int) { listChunk = c }(listChunk)
+	listChunk = 64 << 10
+	reads = reader.Stats().Reads
+	all, err = reader.List(ctx)
 	if err != nil || len(all) != nodes {
 		t.Fatalf("List: %d nodes, %v", len(all), err)
 	}

@@ -212,6 +212,10 @@ type Server struct {
 	reposts    []verbs.RecvWR
 	replies    []outReply
 	arena      []byte
+	// liveMap is the membership bitmap as the posted write groups leave
+	// it, and mapGen the generation they leave (even). Owned by the loop.
+	liveMap []uint64
+	mapGen  uint64
 
 	sweeper *clock.Ticker
 	done    chan struct{}
@@ -247,6 +251,11 @@ type writeBatch struct {
 	wrs     []verbs.SendWR
 	slots   []int
 	replies []outReply
+	// mapOpen: the batch wrote an odd membership generation before a
+	// slot whose occupancy changes; closeMap then writes mapDirty, the
+	// bitmap words changed, and the next even generation.
+	mapOpen  bool
+	mapDirty map[int]bool
 }
 
 // NewServer starts a meta server on dev: it registers the table, sets up
@@ -304,7 +313,8 @@ func (s *Server) setup() error {
 	}
 	// The table: header now, slots all free (zero). Written before the
 	// MR is registered; from then on only the NIC touches it.
-	s.table = make([]byte, s.geom.bytes())
+	s.table = make([]byte, s.geom.bytes()+s.geom.mapBytes()) // then the membership map
+	s.liveMap = make([]uint64, s.geom.mapWords())
 	putHeader(s.table, tableHeader{geom: s.geom, epoch: now, serverInc: inc})
 	if s.tableRO, err = s.pd.RegMR(s.table, verbs.AccessRemoteRead); err != nil {
 		return err
@@ -341,7 +351,7 @@ func (s *Server) setup() error {
 	}
 	s.boot = Bootstrap{
 		TableRKey:         s.tableRO.RKey(),
-		TableLen:          uint32(len(s.table)),
+		TableLen:          uint32(s.geom.bytes()),
 		Slots:             s.geom.slots,
 		Neighborhood:      s.geom.nbhd,
 		Epoch:             now,
@@ -350,6 +360,7 @@ func (s *Server) setup() error {
 		DCKey:             dcKey,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		Lease:             s.cfg.Lease,
+		MapOffset:         uint32(s.geom.mapOffset()),
 	}
 	s.bootP = s.boot.marshal()
 	return s.dev.ListenRC(s.cfg.Service, s.accept)
@@ -698,6 +709,12 @@ func (s *Server) addWrites(wb *writeBatch, ws []slotWrite, rep *outReply) {
 			wb.wrs = append(wb.wrs, s.writeWR(base+offExpiry, p))
 			continue
 		}
+		word, bit := w.slot/64, uint64(1)<<(w.slot%64)
+		if was := s.liveMap[word]&bit != 0; was != w.e.live {
+			s.openMap(wb)
+			s.liveMap[word] ^= bit
+			wb.mapDirty[word] = true
+		}
 		old, next := s.reg.idx.bump(w.slot)
 		p := s.inline(EntrySize + 8)
 		binary.LittleEndian.PutUint32(p[0:], old+1)
@@ -718,6 +735,63 @@ func (s *Server) addWrites(wb *writeBatch, ws []slotWrite, rep *outReply) {
 	}
 }
 
+// openMap starts a change of occupancy in wb: the membership generation
+// becomes odd before any of the slots that follow is written.
+func (s *Server) openMap(wb *writeBatch) {
+	if wb.mapOpen {
+		return
+	}
+	wb.mapOpen = true
+	if wb.mapDirty == nil {
+		wb.mapDirty = make(map[int]bool)
+	}
+	s.mapGen++
+	p := s.inline(8)
+	binary.LittleEndian.PutUint64(p, s.mapGen)
+	wb.wrs = append(wb.wrs, s.writeWR(uint64(s.geom.mapOffset()), p))
+}
+
+// closeMap ends wb's change of occupancy: the changed bitmap words, in
+// runs of at most EntrySize bytes (the loopback QP's inline limit), then
+// the next even generation.
+func (s *Server) closeMap(wb *writeBatch) {
+	if !wb.mapOpen {
+		return
+	}
+	words := make([]int, 0, len(wb.mapDirty))
+	for w := range wb.mapDirty {
+		words = append(words, w)
+	}
+	slices.Sort(words)
+	const perWrite = EntrySize / 8
+	for i := 0; i < len(words); {
+		j := i + 1
+		for j < len(words) && words[j] == words[j-1]+1 && j-i < perWrite {
+			j++
+		}
+		p := s.inline(8 * (j - i))
+		for k := i; k < j; k++ {
+			binary.LittleEndian.PutUint64(p[8*(k-i):], s.liveMap[words[k]])
+		}
+		wb.wrs = append(wb.wrs, s.writeWR(uint64(s.geom.mapOffset()+8+8*words[i]), p))
+		i = j
+	}
+	s.mapGen++
+	p := s.inline(8)
+	binary.LittleEndian.PutUint64(p, s.mapGen)
+	wb.wrs = append(wb.wrs, s.writeWR(uint64(s.geom.mapOffset()), p))
+	wb.mapOpen, wb.mapDirty = false, nil
+}
+
+// rewriteMap makes wb write the whole membership map again (a repair: the
+// writes of a failed group may not have reached it).
+func (s *Server) rewriteMap(wb *writeBatch) {
+	s.openMap(wb)
+	for w := range s.liveMap {
+		wb.mapDirty[w] = true
+	}
+}
+
 // inline hands out n bytes of the arena that holds inline WRITE and SEND
 // payloads until they are posted (PostSend copies inline data).
 func (s *Server) inline(n int) []byte {
@@ -734,6 +808,7 @@ func (s *Server) writeWR(off uint64, p []byte) verbs.SendWR {
 
 // queueWrites moves wb to the backlog of write groups.
 func (s *Server) queueWrites(wb *writeBatch) {
+	s.closeMap(wb)
 	if len(wb.wrs) == 0 {
 		s.replies = append(s.replies, wb.replies...)
 	} else {
@@ -839,6 +914,10 @@ func (s *Server) repairLoopLocked() {
 	var replies []outReply
 	seen := make(map[int]bool)
 	var wb writeBatch
+	if len(groups) > 0 {
+		s.rewriteMap(&wb)
+		s.queueWrites(&wb)
+	}
 	for _, g := range groups {
 		replies = append(replies, g.replies...)
 		for _, i := range g.slots {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
@@ -30,6 +31,14 @@ import (
 // its record of the connection instead of accepting twice. CM_REJ ends a
 // request (no listener, accept refused).
 //
+// Resends back off: the first after cmResend, each later one after twice
+// the previous wait, at most cmResendMax, on the device's clock. A passive
+// side that is slow to answer (its host starved of CPU) is then not sent
+// a duplicate every cmResend for as long as it is slow: with many
+// requesters at once, duplicates it must still parse, check and answer
+// would be most of its work, its receive queue would fill with requests
+// whose requesters had given up, and no handshake would complete.
+//
 // Flood resistance. Without a cluster key the passive side keeps no state
 // and calls no accept function for a CM_REQ until the requester has shown
 // that it receives at its source address: the first CM_REQ is answered
@@ -44,6 +53,7 @@ import (
 // cmMaxRecords, and a record lives cmRecordTL.
 const (
 	cmResend       = 20 * time.Millisecond
+	cmResendMax    = time.Second
 	cmDefault      = 2 * time.Second
 	cmRecordTL     = 5 * time.Second
 	cmMaxPerSource = 64
@@ -212,14 +222,29 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 		_ = q.Modify(verbs.QPAttr{State: verbs.StateReset})
 		return nil, err
 	}
-	tick := time.NewTicker(cmResend)
-	defer tick.Stop()
-	for {
+	wait := cmResend
+	var resend chan struct{}
+	var t link.Timer
+	send := func() {
 		d.sendNow(remote, &req, p.Private)
+		fire := make(chan struct{})
+		resend, t = fire, d.clock.AfterFunc(wait, func() { close(fire) })
+	}
+	send()
+	defer func() { t.Stop() }()
+	for {
 		select {
 		case rep := <-ch:
 			if rep.h.Op == wire.OpCMRej && rep.h.Cookie != 0 && string(rep.private) == wire.CookieReason {
+				if rep.h.Cookie == req.Cookie {
+					// The answer to a resent request without the
+					// cookie: the request with it is on its way.
+					continue
+				}
 				req.Cookie = rep.h.Cookie // prove we receive here, and ask again
+				t.Stop()
+				wait = cmResend
+				send()
 				continue
 			}
 			if rep.h.Op == wire.OpCMRej {
@@ -238,7 +263,9 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 			rtu := wire.Header{Op: wire.OpCMRTU, Service: service, CMQPN: q.qpn, ConnID: id}
 			d.sendNow(remote, &rtu, nil)
 			return rep.private, nil
-		case <-tick.C:
+		case <-resend:
+			wait = min(2*wait, cmResendMax)
+			send()
 		case <-ctx.Done():
 			err := ctx.Err()
 			if errors.Is(err, context.DeadlineExceeded) {
