@@ -661,22 +661,33 @@ func (cn *conn) readMembers(ctx context.Context) (_ []NodeInfo, ok bool, err err
 	}
 	out := make([]NodeInfo, 0, len(live))
 	for _, i := range live {
-		e, ok := decodeEntry(cn.listMem[slotOffset(i):][:EntrySize])
-		for try := 0; !ok; try++ {
-			cn.cl.st.tornReads.Add(1)
-			if try >= maxTornRetries {
-				return nil, false, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
-			}
-			backoff(try)
-			if e, ok, err = cn.readSlot(ctx, i); err != nil {
-				return nil, false, err
-			}
+		e, err := cn.listedSlot(ctx, i)
+		if err != nil {
+			return nil, false, err
 		}
 		if e.live {
 			out = append(out, e.node)
 		}
 	}
 	return dedupe(out), true, nil
+}
+
+// listedSlot decodes slot i from the list buffer, READing it again alone
+// while it is torn. listMu held.
+func (cn *conn) listedSlot(ctx context.Context, i int) (entry, error) {
+	e, ok := decodeEntry(cn.listMem[slotOffset(i):][:EntrySize])
+	for try := 0; !ok; try++ {
+		cn.cl.st.tornReads.Add(1)
+		if try >= maxTornRetries {
+			return entry{}, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
+		}
+		backoff(try)
+		var err error
+		if e, ok, err = cn.readSlot(ctx, i); err != nil {
+			return entry{}, err
+		}
+	}
+	return e, nil
 }
 
 // listRead is a READ of n bytes of the table MR at off into the same
@@ -729,48 +740,18 @@ func (cn *conn) readTable(ctx context.Context) ([]NodeInfo, error) {
 	if err := cn.listBuffer(); err != nil {
 		return nil, err
 	}
-	slot, seq, err := cn.acquire(ctx, opRead)
-	if err != nil {
-		return nil, err
-	}
 	var wrs []verbs.SendWR
 	for off := 0; off < n; off += listChunk {
-		l := min(listChunk, n-off)
-		wrs = append(wrs, verbs.SendWR{ID: wrID(slot, seq), Op: verbs.OpRead,
-			Local: verbs.SGE{MR: cn.listMR, Offset: uint64(off), Length: uint32(l)}, RemoteAddr: uint64(off), RKey: cn.boot.TableRKey})
+		wrs = append(wrs, cn.listRead(off, min(listChunk, n-off)))
 	}
-	wrs[len(wrs)-1].Flags = verbs.Signaled
-	if err := cn.qp.PostSend(wrs); err != nil {
-		cn.kill()
-		cn.abandon(slot, seq)
-		return nil, fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
-	}
-	abandoned, err := cn.wait(ctx, slot, seq, nil)
-	if err != nil {
-		if abandoned {
-			// The READ may still land in listMem: use new memory next time.
-			cn.listMR.Dereg()
-			cn.listMR, cn.listMem = nil, nil
-		} else {
-			cn.finish(slot)
-		}
+	if err := cn.readList(ctx, wrs); err != nil {
 		return nil, err
 	}
-	cn.cl.st.reads.Add(uint64(len(wrs)))
-	cn.finish(slot)
 	var out []NodeInfo
 	for i := range cn.geom.physSlots() {
-		b := cn.listMem[slotOffset(i):][:EntrySize]
-		e, ok := decodeEntry(b)
-		for try := 0; !ok; try++ {
-			cn.cl.st.tornReads.Add(1)
-			if try >= maxTornRetries {
-				return nil, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
-			}
-			backoff(try)
-			if e, ok, err = cn.readSlot(ctx, i); err != nil {
-				return nil, err
-			}
+		e, err := cn.listedSlot(ctx, i)
+		if err != nil {
+			return nil, err
 		}
 		if e.live {
 			out = append(out, e.node)

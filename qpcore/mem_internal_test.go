@@ -3,6 +3,7 @@ package qpcore
 import (
 	"testing"
 
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 )
@@ -13,17 +14,7 @@ import (
 // operation only, and that every registration is gone once released and
 // evicted (the device's MR count).
 func TestMemCacheBoundedInBytes(t *testing.T) {
-	net := softnictest.NewNetwork(softnictest.Config{})
-	defer net.Close()
-	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	pd, err := dev.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, pd := testDevice(t)
 	const bound = 1 << 20
 	c := newMemCache(pd, 1024, bound)
 	var bufs [][]byte
@@ -85,17 +76,7 @@ func TestMemCacheBoundedInBytes(t *testing.T) {
 // counts the capacity, which is what the entry keeps reachable. A slice
 // whose capacity is over the byte bound is registered for its length.
 func TestMemCacheRegistersUpToCapacity(t *testing.T) {
-	net := softnictest.NewNetwork(softnictest.Config{})
-	defer net.Close()
-	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	pd, err := dev.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, pd := testDevice(t)
 	const bound = 1 << 20
 	c := newMemCache(pd, 1024, bound)
 	defer c.close()
@@ -131,17 +112,7 @@ func TestMemCacheRegistersUpToCapacity(t *testing.T) {
 // registration and nothing else would have evicted it; an entry in use
 // meanwhile stays.
 func TestMemCacheLetsIdleEntriesGo(t *testing.T) {
-	net := softnictest.NewNetwork(softnictest.Config{})
-	defer net.Close()
-	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	pd, err := dev.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, pd := testDevice(t)
 	c := newMemCache(pd, 1024, 1<<20)
 	defer c.close()
 	pool := make([]byte, 64<<10)
@@ -173,4 +144,22 @@ func TestMemCacheLetsIdleEntriesGo(t *testing.T) {
 	if c.bytes != 4096 || dev.Stats().MRs != 2 || c.stats.evictions != 1 {
 		t.Fatalf("cache %d bytes, %d MRs on the device (want the pool and busy), %d evictions", c.bytes, dev.Stats().MRs, c.stats.evictions)
 	}
+}
+
+// testDevice is a device on an in-memory network and a protection domain
+// of it, closed when the test ends.
+func testDevice(t *testing.T) (*softnic.Device, verbs.PD) {
+	t.Helper()
+	net := softnictest.NewNetwork(softnictest.Config{})
+	t.Cleanup(func() { net.Close() })
+	dev, err := softnic.Open(softnic.Config{Link: net.NewLink()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev, pd
 }
