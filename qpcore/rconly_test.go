@@ -216,25 +216,18 @@ func TestRCOnlyWaitsForSlot(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- vd.Write(ctx, []byte("third"), "mem", 16) }()
-	c.until("the write to 3 waits for a slot", time.Millisecond, 200*time.Millisecond, func() bool {
-		return a.n.Stats().RCSlotWaits > 0
-	})
+	// Reaching the wait takes no clock time, only the CPU: advancing the
+	// clock meanwhile would race a starved goroutine against b's timers.
+	eventually(t, "the write to 3 waits for a slot", func() bool { return a.n.Stats().RCSlotWaits > 0 })
 	select {
 	case err := <-errc:
 		t.Fatalf("write to 3 ended with the pool full: %v", err)
 	default:
 	}
 	c.net.Heal()
-	var werr error
-	c.until("the write to 3 ends", time.Millisecond, 500*time.Millisecond, func() bool {
-		select {
-		case werr = <-errc:
-			return true
-		default:
-			return false
-		}
-	})
-	if werr != nil {
+	// The clock moves only while the write has not ended, paced by real
+	// time (drive), so a starved goroutine does not see b's QP time out.
+	if _, werr := c.drive(time.Millisecond, 500*time.Millisecond, func() error { return <-errc }); werr != nil {
 		t.Fatalf("write to 3: %v", werr)
 	}
 	cs := make([]qpcore.Completion, 1)
