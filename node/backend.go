@@ -34,6 +34,8 @@ var (
 // for good (Register: one MR, no registration per READ) and reports
 // them in Stats and the metrics.
 func (b *Node) RegisterIOBuffers(p *fs.IOBuffers) error {
+	b.ioMu.Lock()
+	defer b.ioMu.Unlock()
 	if err := b.core.Register(p.Memory()); err != nil {
 		return err
 	}
@@ -41,10 +43,23 @@ func (b *Node) RegisterIOBuffers(p *fs.IOBuffers) error {
 	return nil
 }
 
-// UnregisterIOBuffers undoes RegisterIOBuffers.
+// UnregisterIOBuffers undoes RegisterIOBuffers. Buffers the node already
+// let go of (it closed first, as at unmount) are no error.
 func (b *Node) UnregisterIOBuffers(p *fs.IOBuffers) error {
-	b.ioBufs.CompareAndSwap(p, nil)
-	return b.core.Unregister(p.Memory())
+	return b.releaseIOBuffers(p)
+}
+
+// releaseIOBuffers unregisters the I/O buffers if they are p (any, for a
+// nil p) and still registered.
+func (b *Node) releaseIOBuffers(p *fs.IOBuffers) error {
+	b.ioMu.Lock()
+	defer b.ioMu.Unlock()
+	cur := b.ioBufs.Load()
+	if cur == nil || p != nil && cur != p {
+		return nil
+	}
+	b.ioBufs.Store(nil)
+	return b.core.Unregister(cur.Memory())
 }
 
 const exportAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic

@@ -142,3 +142,31 @@ func TestMemoryBoundedWhateverTheIO(t *testing.T) {
 		t.Fatal("stats still show the I/O buffers after they were unregistered")
 	}
 }
+
+// The I/O buffers may be unregistered by the mount after the node closed
+// (at unmount both happen, in either order): no error either way, and
+// never twice.
+func TestIOBuffersUnregisterAfterClose(t *testing.T) {
+	for _, closeFirst := range []bool{true, false} {
+		n, err := startAt(t, Config{ShmDir: t.TempDir(), MemSize: 4096})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := fs.NewIOBuffers(fs.MaxIO)
+		if err := n.RegisterIOBuffers(p); err != nil {
+			t.Fatal(err)
+		}
+		if closeFirst {
+			n.Close()
+		}
+		if err := n.UnregisterIOBuffers(p); err != nil {
+			t.Errorf("close first %v: UnregisterIOBuffers: %v", closeFirst, err)
+		}
+		if err := n.UnregisterIOBuffers(p); err != nil {
+			t.Errorf("close first %v: a second UnregisterIOBuffers: %v", closeFirst, err)
+		}
+		if err := n.Close(); !closeFirst && err != nil {
+			t.Errorf("Close after the mount unregistered: %v", err)
+		}
+	}
+}

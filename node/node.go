@@ -106,7 +106,12 @@ type Node struct {
 	maxRegionSize int64
 
 	// ioBufs is the filesystem's pool of I/O buffers, registered with
-	// core (fs.BufferRegistrar); nil when no mount registered one.
+	// core (fs.BufferRegistrar); nil when no mount registered one, or
+	// once it was unregistered (by the mount or by Close, whichever comes
+	// first: the mount's unregistration may run after the node closed).
+	// ioMu serializes the registration and both unregistrations; readers
+	// (stats) only Load.
+	ioMu   sync.Mutex
 	ioBufs atomic.Pointer[fs.IOBuffers]
 
 	closeOnce sync.Once
@@ -308,6 +313,7 @@ func (n *Node) CloseAndDiscard() error {
 }
 
 func (n *Node) close(discard bool) error {
+	n.releaseIOBuffers(nil)
 	if n.agent != nil {
 		if err := n.agent.Close(); err != nil {
 			n.log.Debugf("deregister: %v", err)
