@@ -19,7 +19,8 @@
 # CLUSTER=0 to leave out the rows across veth from a 2-host namespace cluster
 # (scripts/cluster.sh with its own namespace prefix kbench-, so it does
 # not disturb tests/e2e or another cluster; on by default when root, needs
-# iproute2 and nsenter).
+# iproute2 and nsenter), ONLY=veth to run only those rows (about a minute:
+# no Go benchmarks, no single-node mount).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -52,18 +53,20 @@ gobench() { # FILE PKG REGEXP BENCHTIME
 	$GO test -run=NONE -bench="$3" -benchtime="$4" -timeout=10m "$2" >"$RAW/$1.txt" 2>&1 ||
 		{ log "FAILED: $2 $3 (see $RAW/$1.txt)"; }
 }
-gobench softnic_lat ./verbs/softnic '^BenchmarkReadLatency8B$' $GB_LAT
-gobench softnic_rate ./verbs/softnic '^BenchmarkReadRate32$' $GB_RATE
-gobench softnic_bw ./verbs/softnic '^BenchmarkReadBandwidth1M$' $GB_BW
-gobench baseline_tcpconn ./internal/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
-gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
-gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
-gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x
-gobench meta_lookup ./meta '^BenchmarkMetaOneSidedVsRPC$' $GB_META
-gobench qpcore_elastic ./qpcore '^BenchmarkQPCoreElasticStart$' 3x
-if [[ $MESH == 1 ]]; then
-	gobench qpcore_mesh ./qpcore '^BenchmarkQPCoreFullMesh240$' 1x
-	gobench qpcore_mesh_sweep ./qpcore '^BenchmarkQPCoreFullMeshSweep$' 1x
+if [[ ${ONLY:-} != veth ]]; then
+	gobench softnic_lat ./verbs/softnic '^BenchmarkReadLatency8B$' $GB_LAT
+	gobench softnic_rate ./verbs/softnic '^BenchmarkReadRate32$' $GB_RATE
+	gobench softnic_bw ./verbs/softnic '^BenchmarkReadBandwidth1M$' $GB_BW
+	gobench baseline_tcpconn ./internal/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
+	gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
+	gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
+	gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x
+	gobench meta_lookup ./meta '^BenchmarkMetaOneSidedVsRPC$' $GB_META
+	gobench qpcore_elastic ./qpcore '^BenchmarkQPCoreElasticStart$' 3x
+	if [[ $MESH == 1 ]]; then
+		gobench qpcore_mesh ./qpcore '^BenchmarkQPCoreFullMesh240$' 1x
+		gobench qpcore_mesh_sweep ./qpcore '^BenchmarkQPCoreFullMeshSweep$' 1x
+	fi
 fi
 
 # krfs bench against a mount of our own.
@@ -106,7 +109,9 @@ kb() { # NAME ARGS...: one krfs bench run, JSON kept in raw/NAME.json
 	fi
 }
 
-if [[ $(id -u) == 0 && -c /dev/fuse ]]; then
+if [[ ${ONLY:-} == veth ]]; then
+	log "ONLY=veth: skipping the single-node rows"
+elif [[ $(id -u) == 0 && -c /dev/fuse ]]; then
 	log "mounting a single krfs node at $MNT/mnt"
 	"$KRFS" mount "$MNT/mnt" --listen 127.0.0.1:0 --mem-size 4M --shm-dir "$MNT/shm" >"$RAW/mount.log" 2>&1 &
 	MOUNT_PID=$!
