@@ -142,7 +142,7 @@ func benchNodes(b *testing.B, res qpcore.Resolver, set func(meta.NodeInfo)) (*qp
 		}
 		// A loaded machine must not fail a measurement: operations get
 		// the meshes' failure-detector deadline, not 1 s.
-		n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: gid, Drive: os.Getenv("KRFS_DRIVE") != "", PeerTimeout: meshOpTimeout})
+		n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: gid, NoDrive: os.Getenv("KRFS_NODRIVE") != "", PeerTimeout: meshOpTimeout})
 		if err != nil {
 			b.Fatal(err)
 		}

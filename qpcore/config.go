@@ -137,13 +137,14 @@ type Config struct {
 	MemCacheMax  int
 	MemCacheSize int
 
-	// Drive makes synchronous callers receive for the device on their
-	// own goroutine until their completion is there (run to completion,
-	// see verbs.DrivenCQ) instead of waiting for the CQ's notification.
-	// Off by default: measured with counted system calls and context
-	// switches it costs more than the hand-off it saves (see "Run to
-	// completion" in docs/architecture.md).
-	Drive bool
+	// NoDrive makes synchronous callers wait for the CQ's notification
+	// (the dispatcher's hand-off) instead of driving: by default, on a
+	// device that supports it (verbs.DrivenCQ), a synchronous caller
+	// receives for the device on its own goroutine until its completion
+	// is there (run to completion). Driving saves a thread wake-up per
+	// operation on the path users take, another process across a link
+	// (see "Run to completion" in docs/architecture.md).
+	NoDrive bool
 
 	// Tick is the housekeeping period (RC idle checks, passive QP reclaim).
 	Tick time.Duration

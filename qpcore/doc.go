@@ -206,16 +206,17 @@
 //
 // A dispatcher goroutine per node processes completions and does the
 // housekeeping (RC idle teardown, passive QP reclaim). A goroutine waiting
-// for a synchronous operation polls the send CQ itself when it signals,
-// and otherwise waits for the dispatcher. With Config.Drive, when the
-// device supports it (verbs.DrivenCQ), it drives instead, that is it may receive
-// packets for the device on its own goroutine and processes every send
-// completion it finds (its own, other callers', asynchronous ones) until
-// its operation is done; finishing another caller's operation wakes that
-// caller through the operation's channel and the CQ's Wake. While any
-// caller drives, the send CQ does not signal the dispatcher. Driving is
-// off by default: it measured slower (more system calls and context
-// switches per READ, in process and across a veth).
+// for a synchronous operation drives when the device supports it
+// (verbs.DrivenCQ): it may receive packets for the device on its own
+// goroutine and processes every send completion it finds (its own, other
+// callers', asynchronous ones) until its operation is done; finishing
+// another caller's operation wakes that caller through the operation's
+// channel and the CQ's Wake. While any caller drives, the send CQ does not
+// signal the dispatcher. Driving saves the hand-off from the device's
+// receive goroutine to the caller, a thread wake-up per operation.
+// With Config.NoDrive (or a device that cannot be driven) the caller polls
+// the send CQ itself when it signals, and otherwise waits for the
+// dispatcher.
 //
 // # Time
 //

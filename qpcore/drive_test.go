@@ -11,14 +11,14 @@ import (
 )
 
 // TestDriveConcurrentCallers runs synchronous READs and WRITEs from many
-// goroutines of a node with Config.Drive (callers receive for the device
+// goroutines of a node that drives (the default: callers receive for the device
 // while they wait, handing the receive token to each other) on real UDP
 // sockets, and checks every byte: no caller stalls (each has a deadline),
 // none gets another's data, and the node's asynchronous work (doorbell
 // coalescing) keeps going.
 func TestDriveConcurrentCallers(t *testing.T) {
 	c := newClusterOn(t, "udp")
-	a := c.add(1, 0, qpcore.Config{Drive: true})
+	a := c.add(1, 0, qpcore.Config{})
 	b := c.add(2, 1<<16, qpcore.Config{})
 	want := make([]byte, len(b.mem)) // the test never touches b.mem after SyncMemory
 	for i := range want {

@@ -115,7 +115,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if n.scq, err = dev.CreateCQ(sdepth); err != nil {
 		return nil, err
 	}
-	if d, ok := n.scq.(verbs.DrivenCQ); ok && cfg.Drive {
+	if d, ok := n.scq.(verbs.DrivenCQ); ok && !cfg.NoDrive {
 		n.dscq = d
 	}
 	if n.rcq, err = dev.CreateCQ(cfg.RecvBuffers + 64); err != nil {

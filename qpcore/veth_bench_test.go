@@ -31,7 +31,7 @@ import (
 // fragment was created. It is a measurement, not a test: it runs only
 // with KRFS_VETH_BENCH=1 (as root) and reports with t.Log.
 //
-// KRFS_DRIVE=1 turns run-to-completion on in the requester;
+// KRFS_NODRIVE=1 turns run-to-completion off in the requester;
 // KRFS_PEER_GOMAXPROCS sets the responder's GOMAXPROCS.
 func TestVethBench(t *testing.T) {
 	switch os.Getenv("KRFS_VETH_ROLE") {
@@ -74,7 +74,7 @@ func TestVethBench(t *testing.T) {
 	defer dev.Close()
 	res := newResolver(clock.System{})
 	res.set(peer.Info)
-	n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: 1, Drive: os.Getenv("KRFS_DRIVE") != ""})
+	n, err := qpcore.NewNode(dev, res, qpcore.Config{GID: 1, NoDrive: os.Getenv("KRFS_NODRIVE") != ""})
 	if err != nil {
 		t.Fatal(err)
 	}
