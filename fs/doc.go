@@ -66,7 +66,9 @@
 // peers/<gid>/mem of a peer just looked up is described by the peer's
 // meta entry (size, mode, owner: a hint, see qpcore's "default region"),
 // so its LOOKUP, stat and open cost no directory READ: a cold peer is the
-// meta lookup plus the data. Its mode and owner are then at most the meta
+// meta lookup plus the data. An open of mem takes the size from whatever
+// qpcore holds for it, of any age (a stale size comes with a stale rkey,
+// which the peer refuses: the read or write looks again and is retried). Its mode and owner are then at most the meta
 // client's DCCache TTL (30 s by default) plus 1 s old; a peer whose entry
 // carries no owner is stat'ed from its directory as above. The names that
 // cannot change meaning (the root's children; mem, mr, ports and info

@@ -118,3 +118,59 @@ func TestFreshRegionOldEntry(t *testing.T) {
 		noQPErrors(t, a.n, b.n)
 	})
 }
+
+// TestFreshSizeDefaultRegionAnyAge: a warm open of the default region is
+// sized from the cached directory copy however old it is (its length
+// comes with the rkey the data path uses, which the peer checks); another
+// region still needs a copy no older than maxAge. A resize on the peer is
+// caught by the data path: the old rkey is refused, the directory read
+// again, and the size follows.
+func TestFreshSizeDefaultRegionAnyAge(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{})
+	b := c.add(2, 4096, qpcore.Config{})
+	if _, err := b.n.Export("other", make([]byte, 192), fullAccess); err != nil {
+		t.Fatal(err)
+	}
+	v := mustConnect(t, a.n, 2)
+	size := func(name string) uint64 {
+		t.Helper()
+		var n uint64
+		if _, err := c.drive(time.Millisecond, time.Second, func() (err error) {
+			n, err = v.FreshSize(ctxT(t, 0), name, time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := size("other"); n != 192 || a.n.Stats().DirReads != 1 {
+		t.Fatalf("FreshSize(other) = %d after %d directory READs, want 192 after 1", n, a.n.Stats().DirReads)
+	}
+	c.advance(time.Hour, time.Minute, nil)
+	if n := size(qpcore.DefaultRegion); n != 4096 || a.n.Stats().DirReads != 1 {
+		t.Fatalf("FreshSize(mem) from an hour-old copy = %d after %d directory READs, want 4096 after 1", n, a.n.Stats().DirReads)
+	}
+	if n := size("other"); n != 192 || a.n.Stats().DirReads != 2 {
+		t.Fatalf("FreshSize(other) from an hour-old copy = %d after %d directory READs, want 192 after 2", n, a.n.Stats().DirReads)
+	}
+	// The peer exports mem again, larger: the stale rkey is refused once,
+	// and the directory read again gives the new size.
+	if err := b.n.Unexport(qpcore.DefaultRegion); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.n.Export(qpcore.DefaultRegion, make([]byte, 8192), fullAccess); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	_, err := c.drive(time.Millisecond, time.Minute, func() error {
+		return v.Read(ctxT(t, 0), buf, qpcore.DefaultRegion, 0)
+	})
+	if !qpcore.RetryableStale(err) {
+		t.Fatalf("READ through the old rkey: %v, want a retryable refusal", err)
+	}
+	if n := size(qpcore.DefaultRegion); n != 8192 || a.n.Stats().DirReads != 3 {
+		t.Fatalf("FreshSize(mem) after the refusal = %d after %d directory READs, want 8192 after 3", n, a.n.Stats().DirReads)
+	}
+}

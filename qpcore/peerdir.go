@@ -174,27 +174,32 @@ func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration
 	return r, nil
 }
 
-// FreshSize is the length of a region, as an open needs it: from the
-// default region's hint (the peer's meta entry) when that is what the
-// cache holds, otherwise from a directory copy no older than maxAge (as
-// FreshRegion). The hint costs no directory READ, so a cold peer's
-// default region opens with the meta lookup alone. It is as current as a
-// directory READ for what an open uses it for: a region exported again
-// (another size) gets a new rkey, so an operation through a stale hint is
-// refused by the peer, never served from the wrong region, and the caller
-// looks again (RetryableStale).
+// FreshSize is the length of a region, as an open needs it. The default
+// region is sized from whatever the cache holds for it, of any age: the
+// hint (the peer's meta entry) or a directory copy; another region from
+// a directory copy no older than maxAge (as FreshRegion). The default
+// region therefore opens with no directory READ, cold (the meta lookup
+// alone) or warm. The cached length is as current as a directory READ
+// for what an open uses it for: it comes with the rkey the data path
+// will use, and a region exported again (another size) gets a new rkey,
+// so an operation sized by a stale length is refused by the peer, never
+// served from the wrong region, and the caller looks again
+// (RetryableStale). The default region is never removed, only resized.
 func (v *VQP) FreshSize(ctx context.Context, name string, maxAge time.Duration) (uint64, error) {
 	p := v.p
 	p.mu.Lock()
-	if name == DefaultRegion && p.dirHint && p.dirValid && !p.dirFetching {
+	if name == DefaultRegion && p.dirValid && !p.dirFetching {
 		r, ok := p.dir[name]
+		hint := p.dirHint
 		if err := v.n.usableLocked(p); err != nil {
 			p.mu.Unlock()
 			return 0, err
 		}
 		p.mu.Unlock()
 		if ok {
-			v.n.stats.dirHints.Add(1)
+			if hint {
+				v.n.stats.dirHints.Add(1)
+			}
 			return r.Len, nil
 		}
 	} else {
