@@ -32,8 +32,9 @@ import (
 // u64, transport name [16] (NUL-padded printable ASCII), default region
 // access u8 (verbs.Access bits), default region mode u32 (permission
 // bits, bit 31 set when mode, uid and gid are known; all three zero
-// otherwise), uid u32, gid u32 (version 3; version 2 had no owner). A gid of 0 in a registration asks
-// the server to assign one, an incarnation of 0 to assign that.
+// otherwise), uid u32, gid u32 (message version 3; version 2 had no
+// owner and is refused). A gid of 0 in a registration asks the server to
+// assign one, an incarnation of 0 to assign that.
 //
 // Parsing is strict, so that every accepted message has exactly one
 // encoding (parse, append and parse again give the same message and the
