@@ -63,6 +63,17 @@
 // once. A removed region is ENOENT; once it is back under the same name,
 // the same descriptor works again.
 //
+// peers/<gid>/mem of a peer just looked up is described by the peer's
+// meta entry (size, mode, owner: a hint, see qpcore's "default region"),
+// so its LOOKUP, stat and open cost no directory READ: a cold peer is the
+// meta lookup plus the data. An open of mem takes the size from whatever
+// qpcore holds for it, of any age (a stale size comes with a stale rkey,
+// which the peer refuses: the read or write looks again and is retried). Its mode and owner are then at most the meta
+// client's DCCache TTL (30 s by default) plus 1 s old; a peer whose entry
+// carries no owner is stat'ed from its directory as above. The names that
+// cannot change meaning (the root's children; mem, mr, ports and info
+// under a peer) are given to the kernel for an hour (attributes: 1 s).
+//
 // With the meta service unreachable, ls peers shows the last list it
 // gave, and peers this node knows (their metadata is cached) keep
 // working; only unknown peers fail, with EHOSTDOWN, within the mount's

@@ -81,7 +81,6 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 		}
 		root.m.io = p
 	}
-	long := time.Hour
 	short := time.Second
 	opts := &gofs.Options{
 		EntryTimeout:    &short,
@@ -100,7 +99,6 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 			DisableSplice: true,
 		},
 	}
-	_ = long
 	if o.DefaultPermissions {
 		opts.MountOptions.Options = append(opts.MountOptions.Options, "default_permissions")
 	}

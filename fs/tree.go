@@ -55,7 +55,48 @@ type root struct {
 	m *mount
 }
 
-var _ = (gofs.NodeOnAdder)((*root)(nil))
+var (
+	_ = (gofs.NodeOnAdder)((*root)(nil))
+	_ = (gofs.NodeLookuper)((*root)(nil))
+)
+
+// fixedEntryTimeout is how long the kernel may keep the entry of a name
+// whose meaning cannot change: a fixed child of a directory (the root's
+// peers, regions, ports, stats; a peer's mem, mr, ports, info). Such a
+// name always leads to the same inode for as long as its parent does, so
+// a LOOKUP of it only repeats what the kernel knows; with the mount's
+// 1 s every new process that opens peers/<gid>/mem more than a second
+// after the last one paid a LOOKUP of peers and one of mem per peer (the
+// latter a Getattr: a meta lookup or directory READ when the peer is not
+// cached). Attributes keep the mount's short timeout: a region's size,
+// mode and owner change. peers/<gid> keeps the short entry timeout too:
+// a gid's node can leave, and the name must then stop resolving.
+const fixedEntryTimeout = time.Hour
+
+// lookupFixed answers a LOOKUP of one of dir's fixed children (added in
+// OnAdd) as go-fuse would, with the child's attributes, but with an
+// entry timeout of fixedEntryTimeout. A child whose attributes cannot be
+// had now (a peer that does not answer) gets the mount's short timeout,
+// so that the kernel asks again soon.
+func lookupFixed(ctx context.Context, dir *gofs.Inode, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ch := dir.GetChild(name)
+	if ch == nil {
+		return nil, syscall.ENOENT
+	}
+	if ga, ok := ch.Operations().(gofs.NodeGetattrer); ok {
+		var a fuse.AttrOut
+		if ga.Getattr(ctx, nil, &a) != 0 {
+			return ch, 0
+		}
+		out.Attr = a.Attr
+	}
+	out.SetEntryTimeout(fixedEntryTimeout)
+	return ch, 0
+}
+
+func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return lookupFixed(ctx, r.EmbeddedInode(), name, out)
+}
 
 func newRoot(b Backend, o Options) *root {
 	return &root{m: &mount{b: b, o: o, ports: map[uint32]Port{}}}
@@ -212,7 +253,15 @@ type peerDir struct {
 	gid uint32
 }
 
-var _ = (gofs.NodeOnAdder)((*peerDir)(nil))
+var (
+	_ = (gofs.NodeOnAdder)((*peerDir)(nil))
+	_ = (gofs.NodeLookuper)((*peerDir)(nil))
+)
+
+// Lookup: mem, mr, ports and info never change meaning under a peer.
+func (d *peerDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return lookupFixed(ctx, d.EmbeddedInode(), name, out)
+}
 
 func (d *peerDir) OnAdd(ctx context.Context) {
 	add := func(name string, n gofs.InodeEmbedder, mode uint32) {

@@ -121,7 +121,7 @@ func ctxT(t testing.TB) context.Context {
 // that any mix of two versions of an entry is detectable: consistent
 // checks the derivation.
 func testNode(gid uint32, inc uint64) NodeInfo {
-	return NodeInfo{
+	n := NodeInfo{
 		GID:         gid,
 		Incarnation: inc,
 		Addr:        netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(inc >> 16), byte(inc >> 8), byte(inc)}), uint16(inc>>24)|1),
@@ -134,6 +134,10 @@ func testNode(gid uint32, inc uint64) NodeInfo {
 		MemAccess:   verbs.Access(inc) & verbs.AccessAll,
 		Transport:   []string{"softnic/udp", "rdma/roce", "rdma/ib", ""}[inc%4],
 	}
+	if inc%3 != 0 { // some entries know the default region's owner, some not
+		n.MemOwnerKnown, n.MemMode, n.MemUID, n.MemGID = true, uint32(inc)&0o7777, uint32(inc>>12), uint32(inc>>20)
+	}
+	return n
 }
 
 func consistent(n NodeInfo) bool { return n == testNode(n.GID, n.Incarnation) }

@@ -40,7 +40,9 @@ import (
 //	52 u32 region directory length                 56  u32 lease expiry
 //	60 u32 default region rkey                     64  u64 default region length
 //	72 [16] transport name (NUL-padded)            88  u8 default region access
-//	89 [35] reserved (zero)
+//	89 [3] reserved (zero)                         92  u32 default region mode
+//	96 u32 default region uid                      100 u32 default region gid
+//	104 [20] reserved (zero)
 //	124 u32 tail version
 //
 // The lease expiry is in milliseconds since the header's epoch, modulo
@@ -48,7 +50,10 @@ import (
 // region ("mem") rkey and length let a peer READ that region right after
 // the lookup, without first READing the region directory (a hint: a stale
 // one fails the data path's rkey or bounds check, which re-reads the
-// directory).
+// directory). The default region's mode word holds its permission bits
+// (0o7777) and, in bit 31 (ownerKnown), whether mode, uid and gid are
+// set at all: an entry written before they existed has zeros there, which
+// decode as "owner unknown" (a peer reads the directory), never as mode 0.
 const (
 	// EntrySize is the size of one table slot: two cache lines.
 	EntrySize = 128
@@ -83,8 +88,40 @@ const (
 	offMemLen    = 64
 	offTransport = 72
 	offMemAccess = 88
+	offMemMode   = 92
+	offMemUID    = 96
+	offMemGID    = 100
 	offTail      = 124
+
+	// ownerKnown is set in a stored default-region mode word when mode,
+	// uid and gid are known; modeBits are the permission bits stored.
+	ownerKnown = 1 << 31
+	modeBits   = 0o7777
 )
+
+// putOwner encodes the default region's owner fields into a mode word,
+// a uid and a gid (all zero when unknown).
+func putOwner(mode, uid, gid []byte, n *NodeInfo) {
+	var m, u, g uint32
+	if n.MemOwnerKnown {
+		m, u, g = ownerKnown|n.MemMode&modeBits, n.MemUID, n.MemGID
+	}
+	binary.LittleEndian.PutUint32(mode, m)
+	binary.LittleEndian.PutUint32(uid, u)
+	binary.LittleEndian.PutUint32(gid, g)
+}
+
+// getOwner decodes what putOwner wrote. A mode word without ownerKnown
+// leaves the fields unknown (zero), whatever follows.
+func getOwner(mode, uid, gid []byte, n *NodeInfo) {
+	m := binary.LittleEndian.Uint32(mode)
+	if m&ownerKnown == 0 {
+		n.MemOwnerKnown, n.MemMode, n.MemUID, n.MemGID = false, 0, 0, 0
+		return
+	}
+	n.MemOwnerKnown, n.MemMode = true, m&modeBits
+	n.MemUID, n.MemGID = binary.LittleEndian.Uint32(uid), binary.LittleEndian.Uint32(gid)
+}
 
 // tableGeom is the shape of a table: what a client needs, besides the
 // rkey, to READ it.
@@ -222,6 +259,7 @@ func putEntryBody(b []byte, e *entry) {
 	binary.LittleEndian.PutUint64(b[offMemLen:], n.MemLen)
 	copy(b[offTransport:offTransport+MaxTransport], n.Transport)
 	b[offMemAccess] = byte(n.MemAccess)
+	putOwner(b[offMemMode:], b[offMemUID:], b[offMemGID:], n)
 }
 
 // putEntry writes a whole, consistent slot with the given version (even).
@@ -264,6 +302,7 @@ func decodeEntry(b []byte) (e entry, ok bool) {
 	n.MemLen = binary.LittleEndian.Uint64(b[offMemLen:])
 	n.Transport = getTransport(b[offTransport : offTransport+MaxTransport])
 	n.MemAccess = verbs.Access(b[offMemAccess])
+	getOwner(b[offMemMode:], b[offMemUID:], b[offMemGID:], n)
 	return e, true
 }
 

@@ -31,6 +31,39 @@ func TestEntryRoundTrip(t *testing.T) {
 	}
 }
 
+// TestEntryOwner: the default region's owner round-trips, mode 0 is a
+// known mode 0, and an entry written before the owner fields existed
+// (zeros there) decodes as "owner unknown", not as mode 0.
+func TestEntryOwner(t *testing.T) {
+	n := testNode(7, 9)
+	n.MemOwnerKnown, n.MemMode, n.MemUID, n.MemGID = true, 0, 0, 0
+	var b [EntrySize]byte
+	putEntry(b[:], &entry{node: n, live: true}, 2)
+	got, ok := decodeEntry(b[:])
+	if !ok || !got.node.MemOwnerKnown || got.node.MemMode != 0 || got.node != n {
+		t.Fatalf("mode 0 owner: got %+v ok=%v", got.node, ok)
+	}
+	n.MemMode, n.MemUID, n.MemGID = 0o640, 1000, 100
+	putEntry(b[:], &entry{node: n, live: true}, 4)
+	if got, ok = decodeEntry(b[:]); !ok || got.node != n {
+		t.Fatalf("owner round trip: got %+v want %+v", got.node, n)
+	}
+	// The same entry as a server of layout 2 wrote it: no owner bytes.
+	clear(b[offMemMode : offMemGID+4])
+	got, ok = decodeEntry(b[:])
+	want := n
+	want.MemOwnerKnown, want.MemMode, want.MemUID, want.MemGID = false, 0, 0, 0
+	if !ok || got.node != want {
+		t.Fatalf("old entry: got %+v want %+v", got.node, want)
+	}
+	// Mode bits beyond the permission bits are not stored.
+	n.MemMode = 0o100644
+	putEntry(b[:], &entry{node: n, live: true}, 6)
+	if got, _ = decodeEntry(b[:]); got.node.MemMode != 0o644 {
+		t.Fatalf("mode %#o stored as %#o, want 0644", n.MemMode, got.node.MemMode)
+	}
+}
+
 func TestEntryTornDetected(t *testing.T) {
 	var b [EntrySize]byte
 	e := entry{node: testNode(9, 9), live: true}

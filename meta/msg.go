@@ -26,12 +26,15 @@ import (
 //	ping        (empty)                     (empty)
 //	bye         (empty)                     (no reply)
 //
-// A record is 76 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
+// A record is 88 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
 // port u16, flags u8 (bit 0: IPv4), DCT number u32, DC key u64, region
 // directory rkey u32 and length u32, default region rkey u32 and length
 // u64, transport name [16] (NUL-padded printable ASCII), default region
-// access u8 (verbs.Access bits). A gid of 0 in a registration asks
-// the server to assign one, an incarnation of 0 to assign that.
+// access u8 (verbs.Access bits), default region mode u32 (permission
+// bits, bit 31 set when mode, uid and gid are known; all three zero
+// otherwise), uid u32, gid u32 (message version 3; version 2 had no
+// owner and is refused). A gid of 0 in a registration asks the server to
+// assign one, an incarnation of 0 to assign that.
 //
 // Parsing is strict, so that every accepted message has exactly one
 // encoding (parse, append and parse again give the same message and the
@@ -41,9 +44,9 @@ import (
 // all malformed.
 const (
 	msgMagic   = 0x6d
-	msgVersion = 2
+	msgVersion = 3
 	msgHdrLen  = 8
-	recordLen  = 76
+	recordLen  = 88
 	// MaxMessage bounds every message; receive buffers are this large.
 	MaxMessage = 128
 
@@ -269,6 +272,7 @@ func putRecord(p []byte, n *NodeInfo) {
 	clear(p[59:75])
 	copy(p[59:75], n.Transport)
 	p[75] = byte(n.MemAccess)
+	putOwner(p[76:], p[80:], p[84:], n)
 }
 
 func getRecord(p []byte, n *NodeInfo) error {
@@ -299,6 +303,12 @@ func getRecord(p []byte, n *NodeInfo) error {
 	}
 	if !validTransport(n.Transport) || paddedTransport(n.Transport) != string(p[59:75]) {
 		return fmt.Errorf("%w: transport name %q", ErrMalformed, p[59:75])
+	}
+	getOwner(p[76:], p[80:], p[84:], n)
+	var canon [12]byte
+	putOwner(canon[0:], canon[4:], canon[8:], n)
+	if canon != [12]byte(p[76:88]) {
+		return fmt.Errorf("%w: default region owner %x", ErrMalformed, p[76:88])
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func TestMessageRoundTrip(t *testing.T) {
 }
 
 func TestMessageRejects(t *testing.T) {
-	reg := message{kind: kindRegister, reqID: 1, node: testNode(5, 6)}
+	reg := message{kind: kindRegister, reqID: 1, node: testNode(5, 7)}
 	good := reg.append(nil)
 	mut := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
 	cases := map[string][]byte{
@@ -72,6 +72,11 @@ func TestMessageRejects(t *testing.T) {
 		"lookup gid 0":    (&message{kind: kindLookup}).append(nil),
 		"bye reply":       {msgMagic, msgVersion, byte(kindBye | replyBit), 0, 0, 0, 0, 0},
 		"bad status":      {msgMagic, msgVersion, byte(kindPing | replyBit), byte(stNumStatus), 0, 0, 0, 0},
+		// The owner fields (record offset 76 after gid and lease): an
+		// owner without the known bit, and mode bits beyond 0o7777.
+		"owner unflagged": mut(func(b []byte) []byte { b[8+8+76+3] = 0; return b }),
+		"mode high bits":  mut(func(b []byte) []byte { b[8+8+76+2] |= 1; return b }),
+		"version 2":       mut(func(b []byte) []byte { b[1] = 2; return b }),
 	}
 	for name, b := range cases {
 		if m, err := parseMessage(b); err == nil {

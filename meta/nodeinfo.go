@@ -13,6 +13,11 @@ import (
 // regions the node exports. MemRKey, MemLen and MemAccess describe its default
 // region ("mem") so that a peer's first READ of it needs no directory
 // READ; they are a hint, which the data path checks like any cached key.
+// MemOwnerKnown says MemMode, MemUID and MemGID hold the default region's
+// permission bits and owner (the file layer's view of "mem", so that a
+// peer can stat it without a directory READ); when it is false they are
+// zero and mean "unknown: read the directory", never mode 0 (entries
+// written before the fields existed decode so).
 // Transport names the wire protocol the node speaks ("softnic/udp",
 // "rdma/roce", "rdma/ib"; empty is softnic/udp): nodes of different
 // transports cannot reach each other.
@@ -27,7 +32,12 @@ type NodeInfo struct {
 	MemRKey     uint32         // rkey of the default region; 0: none
 	MemLen      uint64         // length of the default region in bytes
 	MemAccess   verbs.Access   // what the default region allows
-	Transport   string         // at most MaxTransport printable bytes
+	// MemOwnerKnown: MemMode, MemUID, MemGID are set (else all zero).
+	MemOwnerKnown bool
+	MemMode       uint32 // permission bits (0o7777) of the default region
+	MemUID        uint32 // its owner
+	MemGID        uint32 // its group
+	Transport     string // at most MaxTransport printable bytes
 }
 
 // Error is a meta error value. Each carries the errno a file operation

@@ -193,17 +193,28 @@ func (b *Node) Export(name string, size int64, mode, uid, gid uint32) (fs.Region
 		// Never leave a half-created region behind.
 		_ = b.store.Remove(name)
 	}
-	if err == nil && old != nil && name == qpcore.DefaultRegion && b.agent != nil {
-		// The meta entry carries the default region's rkey and length:
-		// publish the new ones, so that peers that look this node up from
-		// now on do not start from a stale hint.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if uerr := b.agent.Update(ctx, b.core.Info()); uerr != nil {
-			b.log.Infof("publishing the resized default region in the meta entry: %v", uerr)
-		}
-		cancel()
+	if err == nil && old != nil && name == qpcore.DefaultRegion {
+		b.publishDefault("resized")
 	}
 	return out, err
+}
+
+// publishDefault republishes this node's meta entry after its default
+// region changed (why: "resized", "chmod", "chown"). The entry carries the
+// region's rkey, length, mode and owner, so that peers that look this node
+// up from now on do not start from a stale hint (peers holding the old
+// entry see the change within the bound of qpcore's FreshRegion). Not
+// fatal: a peer with a stale hint is refused by the NIC (a new rkey) and
+// reads the directory, and a stale mode ages out.
+func (b *Node) publishDefault(why string) {
+	if b.agent == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.agent.Update(ctx, b.core.Info()); err != nil {
+		b.log.Infof("publishing the %s default region in the meta entry: %v", why, err)
+	}
 }
 
 func (b *Node) export(r *shm.Region, mode, uid, gid uint32) (fs.Region, error) {
@@ -470,6 +481,8 @@ func (l *localRegion) Chmod(mode uint32) error {
 	_, err := l.b.core.SetOwner(l.name, mode, info.UID, info.GID)
 	if errors.Is(err, qpcore.ErrNotPresent) {
 		err = nil // an empty region is not exported yet
+	} else if err == nil && l.name == qpcore.DefaultRegion {
+		l.b.publishDefault("chmod")
 	}
 	return err
 }
@@ -482,6 +495,8 @@ func (l *localRegion) Chown(uid, gid uint32) error {
 	_, err := l.b.core.SetOwner(l.name, info.Mode, uid, gid)
 	if errors.Is(err, qpcore.ErrNotPresent) {
 		err = nil
+	} else if err == nil && l.name == qpcore.DefaultRegion {
+		l.b.publishDefault("chown")
 	}
 	return err
 }

@@ -176,6 +176,9 @@ func (n *Node) Info() meta.NodeInfo {
 	// operation on it needs no directory READ.
 	if e, ok := n.dir.lookup(DefaultRegion); ok {
 		info.MemRKey, info.MemLen, info.MemAccess = e.RKey, e.Len, e.Access
+		// And its mode and owner, so that a peer can also stat it
+		// (a file's LOOKUP) without a directory READ.
+		info.MemOwnerKnown, info.MemMode, info.MemUID, info.MemGID = true, e.Mode, e.UID, e.GID
 	}
 	return info
 }

@@ -165,15 +165,18 @@ type peer struct {
 	probeAt    time.Time // while down: when the next operation may go as a probe
 
 	// Region directory cache. dirHint: dir holds only the default
-	// region, from the meta entry's hint (no directory READ yet).
-	dir         map[string]Region
-	dirValid    bool
-	dirHint     bool
-	dirFetching bool
-	dirWait     chan struct{} // closed when the fetch in progress ends
-	dirErr      error
-	dirAt       time.Time
-	dirTorn     int
+	// region, from the meta entry's hint (no directory READ yet);
+	// dirHintOwner: the hint also carries the region's mode and owner
+	// (the entry had them), so it can answer a stat (FreshRegion).
+	dir          map[string]Region
+	dirValid     bool
+	dirHint      bool
+	dirHintOwner bool
+	dirFetching  bool
+	dirWait      chan struct{} // closed when the fetch in progress ends
+	dirErr       error
+	dirAt        time.Time
+	dirTorn      int
 
 	// DC endpoint.
 	dci       *dciSlot
@@ -217,7 +220,8 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 	p.target = verbs.DCTarget{Addr: info.Addr, DCTN: info.DCTN, DCKey: info.DCKey}
 	p.rcOnly = p.n.cfg.NoDC || info.DCTN == 0
 	if old.Incarnation != info.Incarnation || old.DirRKey != info.DirRKey || old.DirLen != info.DirLen ||
-		old.MemRKey != info.MemRKey || old.MemLen != info.MemLen {
+		old.MemRKey != info.MemRKey || old.MemLen != info.MemLen || old.MemOwnerKnown != info.MemOwnerKnown ||
+		old.MemMode != info.MemMode || old.MemUID != info.MemUID || old.MemGID != info.MemGID {
 		p.dirValid, p.dirHint = false, false
 		p.dir = nil
 		p.seedHintLocked()

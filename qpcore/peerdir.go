@@ -25,6 +25,17 @@ import (
 // hint with the directory itself. A hint that went stale (the region was
 // exported again after the node registered) therefore costs one failed
 // operation, which the caller may retry (see RetryableStale).
+//
+// The entry also carries the default region's mode and owner (when the
+// node published them: meta.NodeInfo.MemOwnerKnown), which qpcore does not
+// interpret but a file system shows: FreshRegion answers the default
+// region from such a hint while the hint is no older than its maxAge, so
+// a cold peer's "mem" is stat'ed, opened and read with no directory READ.
+// How current that mode is: the hint is as old as the meta entry it was
+// seeded from, which the meta client's DCCache may have held for up to
+// its TTL (meta.ClientConfig.CacheTTL), plus at most maxAge since qpcore
+// seeded it; after that the directory is read. Access is never decided
+// by the mode: the peer's NIC checks every operation's rkey and access.
 
 // DefaultRegion is the region a node exports by default, whose rkey and
 // length its meta entry carries.
@@ -40,9 +51,20 @@ func (p *peer) seedHintLocked() {
 	if p.dirValid || p.dirFetching || p.info.MemRKey == 0 || p.info.MemLen == 0 {
 		return
 	}
-	p.dir = map[string]Region{DefaultRegion: {Name: DefaultRegion, RKey: p.info.MemRKey,
-		Len: p.info.MemLen, Access: p.info.MemAccess}}
-	p.dirValid, p.dirHint, p.dirAt = true, true, p.n.clock.Now()
+	r := Region{Name: DefaultRegion, RKey: p.info.MemRKey, Len: p.info.MemLen, Access: p.info.MemAccess}
+	if p.info.MemOwnerKnown {
+		r.Mode, r.UID, r.GID = p.info.MemMode, p.info.MemUID, p.info.MemGID
+	}
+	p.dir = map[string]Region{DefaultRegion: r}
+	p.dirValid, p.dirHint, p.dirHintOwner, p.dirAt = true, true, p.info.MemOwnerKnown, p.n.clock.Now()
+}
+
+// ownerHintLocked reports whether p's directory cache is a hint that can
+// describe name fully (mode and owner included) and is no older than
+// maxAge.
+func (n *Node) ownerHintLocked(p *peer, name string, maxAge time.Duration) bool {
+	return name == DefaultRegion && p.dirHint && p.dirHintOwner && p.dirValid && !p.dirFetching &&
+		maxAge > 0 && clock.Since(n.clock, p.dirAt) <= maxAge
 }
 
 // regionLocked finds a region of p by name. It may release and retake
@@ -122,11 +144,23 @@ func (v *VQP) FreshRegions(ctx context.Context, maxAge time.Duration) ([]Region,
 
 // FreshRegion is Region from a directory READ no older than maxAge: a
 // name the cache does not know, or a size the caller must trust (a
-// file's open), is looked up in a recent copy.
+// file's open), is looked up in a recent copy. The default region is
+// also answered from the meta entry's hint, with no directory READ, when
+// the hint carries its mode and owner and is no older than maxAge (see
+// the package's notes on the default region for how current it is).
 func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error) {
 	p := v.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if v.n.ownerHintLocked(p, name, maxAge) {
+		if err := v.n.usableLocked(p); err != nil {
+			return Region{}, err
+		}
+		if r, ok := p.dir[name]; ok {
+			v.n.stats.dirHints.Add(1)
+			return r, nil
+		}
+	}
 	if (p.dirHint || clock.Since(v.n.clock, p.dirAt) > maxAge) && p.dirValid && !p.dirFetching {
 		p.dirValid, p.dirHint = false, false
 	}
@@ -140,27 +174,32 @@ func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration
 	return r, nil
 }
 
-// FreshSize is the length of a region, as an open needs it: from the
-// default region's hint (the peer's meta entry) when that is what the
-// cache holds, otherwise from a directory copy no older than maxAge (as
-// FreshRegion). The hint costs no directory READ, so a cold peer's
-// default region opens with the meta lookup alone. It is as current as a
-// directory READ for what an open uses it for: a region exported again
-// (another size) gets a new rkey, so an operation through a stale hint is
-// refused by the peer, never served from the wrong region, and the caller
-// looks again (RetryableStale).
+// FreshSize is the length of a region, as an open needs it. The default
+// region is sized from whatever the cache holds for it, of any age: the
+// hint (the peer's meta entry) or a directory copy; another region from
+// a directory copy no older than maxAge (as FreshRegion). The default
+// region therefore opens with no directory READ, cold (the meta lookup
+// alone) or warm. The cached length is as current as a directory READ
+// for what an open uses it for: it comes with the rkey the data path
+// will use, and a region exported again (another size) gets a new rkey,
+// so an operation sized by a stale length is refused by the peer, never
+// served from the wrong region, and the caller looks again
+// (RetryableStale). The default region is never removed, only resized.
 func (v *VQP) FreshSize(ctx context.Context, name string, maxAge time.Duration) (uint64, error) {
 	p := v.p
 	p.mu.Lock()
-	if name == DefaultRegion && p.dirHint && p.dirValid && !p.dirFetching {
+	if name == DefaultRegion && p.dirValid && !p.dirFetching {
 		r, ok := p.dir[name]
+		hint := p.dirHint
 		if err := v.n.usableLocked(p); err != nil {
 			p.mu.Unlock()
 			return 0, err
 		}
 		p.mu.Unlock()
 		if ok {
-			v.n.stats.dirHints.Add(1)
+			if hint {
+				v.n.stats.dirHints.Add(1)
+			}
 			return r.Len, nil
 		}
 	} else {
