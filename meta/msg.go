@@ -32,9 +32,11 @@ import (
 // u64, transport name [16] (NUL-padded printable ASCII), default region
 // access u8 (verbs.Access bits), default region mode u32 (permission
 // bits, bit 31 set when mode, uid and gid are known; all three zero
-// otherwise), uid u32, gid u32 (message version 3; version 2 had no
-// owner and is refused). A gid of 0 in a registration asks the server to
-// assign one, an incarnation of 0 to assign that.
+// otherwise), uid u32, gid u32. That is message version 3; version 2,
+// which the previous release sends, has 76-byte records without the owner
+// (parsed as unknown) and is answered in version 2, so a meta service can
+// be upgraded before its nodes. A gid of 0 in a registration asks the
+// server to assign one, an incarnation of 0 to assign that.
 //
 // Parsing is strict, so that every accepted message has exactly one
 // encoding (parse, append and parse again give the same message and the
@@ -44,9 +46,16 @@ import (
 // all malformed.
 const (
 	msgMagic   = 0x6d
-	msgVersion = 3
+	msgVersion = 3 // what this build sends
 	msgHdrLen  = 8
 	recordLen  = 88
+	// msgVersionNoOwner is the oldest version parsed: its records are
+	// recordLenNoOwner bytes, without the default region's owner (which
+	// then reads as unknown). A server answers in the version it was asked
+	// in, so nodes of the previous release keep working with a newer
+	// service.
+	msgVersionNoOwner = 2
+	recordLenNoOwner  = 76
 	// MaxMessage bounds every message; receive buffers are this large.
 	MaxMessage = 128
 
@@ -117,11 +126,31 @@ type message struct {
 	reqID   uint32
 	leaseMs uint32
 	node    NodeInfo // GID always; the rest as the body carries it
+	version uint8    // wire version; 0 means msgVersion
+}
+
+// wireVersion is the version m is encoded in.
+func (m *message) wireVersion() uint8 {
+	if m.version == 0 {
+		return msgVersion
+	}
+	return m.version
+}
+
+// knownVersion reports whether v is a version this build parses.
+func knownVersion(v byte) bool { return v == msgVersion || v == msgVersionNoOwner }
+
+// recordLenOf is the length of a node record in version v.
+func recordLenOf(v uint8) int {
+	if v == msgVersionNoOwner {
+		return recordLenNoOwner
+	}
+	return recordLen
 }
 
 // bodyLen is the exact body length of a message of kind k with status
-// st, or -1 if the combination does not exist.
-func bodyLen(k msgKind, st status) int {
+// st in version v, or -1 if the combination does not exist.
+func bodyLen(k msgKind, st status, v uint8) int {
 	reply := k&replyBit != 0
 	if base := k &^ replyBit; base < kindRegister || base > kindBye {
 		return -1
@@ -137,7 +166,7 @@ func bodyLen(k msgKind, st status) int {
 	}
 	switch k {
 	case kindRegister:
-		return 8 + recordLen
+		return 8 + recordLenOf(v)
 	case kindRegister | replyBit:
 		return 16
 	case kindHeartbeat, kindDeregister:
@@ -149,7 +178,7 @@ func bodyLen(k msgKind, st status) int {
 	case kindLookup:
 		return 4
 	case kindLookup | replyBit:
-		return 8 + recordLen
+		return 8 + recordLenOf(v)
 	case kindPing, kindPing | replyBit, kindBye:
 		return 0
 	}
@@ -162,15 +191,15 @@ func (m *message) hasGID() bool {
 }
 
 // size is the encoded length of m.
-func (m *message) size() int { return msgHdrLen + bodyLen(m.kind, m.status) }
+func (m *message) size() int { return msgHdrLen + bodyLen(m.kind, m.status, m.wireVersion()) }
 
 // parseHeader reads the header alone, so that the server can answer a
 // message with a bad body with stMalformed.
-func parseMsgHeader(b []byte) (kind msgKind, reqID uint32, ok bool) {
-	if len(b) < msgHdrLen || b[0] != msgMagic || b[1] != msgVersion {
-		return 0, 0, false
+func parseMsgHeader(b []byte) (kind msgKind, reqID uint32, version uint8, ok bool) {
+	if len(b) < msgHdrLen || b[0] != msgMagic || !knownVersion(b[1]) {
+		return 0, 0, 0, false
 	}
-	return msgKind(b[2]), binary.LittleEndian.Uint32(b[4:]), true
+	return msgKind(b[2]), binary.LittleEndian.Uint32(b[4:]), b[1], true
 }
 
 // parseMessage parses one message; b must be exactly the message.
@@ -179,12 +208,12 @@ func parseMessage(b []byte) (message, error) {
 	if len(b) < msgHdrLen {
 		return m, fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
 	}
-	if b[0] != msgMagic || b[1] != msgVersion {
+	if b[0] != msgMagic || !knownVersion(b[1]) {
 		return m, fmt.Errorf("%w: magic %#x version %d", ErrMalformed, b[0], b[1])
 	}
-	m.kind, m.status = msgKind(b[2]), status(b[3])
+	m.kind, m.status, m.version = msgKind(b[2]), status(b[3]), b[1]
 	m.reqID = binary.LittleEndian.Uint32(b[4:])
-	n := bodyLen(m.kind, m.status)
+	n := bodyLen(m.kind, m.status, m.version)
 	if n < 0 {
 		return message{}, fmt.Errorf("%w: kind %v status %d", ErrMalformed, m.kind, b[3])
 	}
@@ -205,7 +234,7 @@ func parseMessage(b []byte) (message, error) {
 	switch m.kind {
 	case kindRegister, kindLookup | replyBit:
 		m.leaseMs = binary.LittleEndian.Uint32(p)
-		if err := getRecord(p[4:], &m.node); err != nil {
+		if err := getRecord(p[4:], &m.node, m.version); err != nil {
 			return message{}, err
 		}
 	case kindRegister | replyBit:
@@ -228,14 +257,15 @@ func parseMessage(b []byte) (message, error) {
 // appendMessage appends m's encoding to b. m must be well formed (as
 // parseMessage would return it).
 func (m *message) append(b []byte) []byte {
-	n := bodyLen(m.kind, m.status)
+	v := m.wireVersion()
+	n := bodyLen(m.kind, m.status, v)
 	if n < 0 {
 		panic(fmt.Sprintf("meta: encoding invalid message %v status %d", m.kind, m.status))
 	}
 	off := len(b)
 	b = append(b, make([]byte, msgHdrLen+n)...)
 	h := b[off:]
-	h[0], h[1], h[2], h[3] = msgMagic, msgVersion, byte(m.kind), byte(m.status)
+	h[0], h[1], h[2], h[3] = msgMagic, v, byte(m.kind), byte(m.status)
 	binary.LittleEndian.PutUint32(h[4:], m.reqID)
 	p := h[msgHdrLen:]
 	if m.hasGID() {
@@ -248,7 +278,7 @@ func (m *message) append(b []byte) []byte {
 	switch m.kind {
 	case kindRegister, kindLookup | replyBit:
 		binary.LittleEndian.PutUint32(p, m.leaseMs)
-		putRecord(p[4:], &m.node)
+		putRecord(p[4:], &m.node, v)
 	case kindRegister | replyBit:
 		binary.LittleEndian.PutUint32(p, m.leaseMs)
 		binary.LittleEndian.PutUint64(p[4:], m.node.Incarnation)
@@ -260,7 +290,7 @@ func (m *message) append(b []byte) []byte {
 	return b
 }
 
-func putRecord(p []byte, n *NodeInfo) {
+func putRecord(p []byte, n *NodeInfo, v uint8) {
 	binary.LittleEndian.PutUint64(p[0:], n.Incarnation)
 	p[26] = putAddr(p[8:24], p[24:26], n.Addr)
 	binary.LittleEndian.PutUint32(p[27:], n.DCTN)
@@ -272,10 +302,12 @@ func putRecord(p []byte, n *NodeInfo) {
 	clear(p[59:75])
 	copy(p[59:75], n.Transport)
 	p[75] = byte(n.MemAccess)
-	putOwner(p[76:], p[80:], p[84:], n)
+	if v != msgVersionNoOwner {
+		putOwner(p[76:], p[80:], p[84:], n)
+	}
 }
 
-func getRecord(p []byte, n *NodeInfo) error {
+func getRecord(p []byte, n *NodeInfo, v uint8) error {
 	flags := p[26]
 	if flags&^flagIPv4 != 0 {
 		return fmt.Errorf("%w: record flags %#x", ErrMalformed, flags)
@@ -303,6 +335,10 @@ func getRecord(p []byte, n *NodeInfo) error {
 	}
 	if !validTransport(n.Transport) || paddedTransport(n.Transport) != string(p[59:75]) {
 		return fmt.Errorf("%w: transport name %q", ErrMalformed, p[59:75])
+	}
+	if v == msgVersionNoOwner {
+		n.MemOwnerKnown, n.MemMode, n.MemUID, n.MemGID = false, 0, 0, 0
+		return nil
 	}
 	getOwner(p[76:], p[80:], p[84:], n)
 	var canon [12]byte

@@ -13,7 +13,12 @@ func sampleMessages() []message {
 	n := testNode(42, 0x1122334455667788)
 	v6 := n
 	v6.Addr = netip.MustParseAddrPort("[fd00::17]:4791")
+	old := n // as a node of the previous release sends it: no owner
+	old.MemOwnerKnown, old.MemMode, old.MemUID, old.MemGID = false, 0, 0, 0
 	return []message{
+		{kind: kindRegister, reqID: 9, leaseMs: 3000, node: old, version: msgVersionNoOwner},
+		{kind: kindLookup | replyBit, reqID: 9, leaseMs: 1200, node: old, version: msgVersionNoOwner},
+		{kind: kindPing | replyBit, reqID: 9, version: msgVersionNoOwner},
 		{kind: kindRegister, reqID: 1, leaseMs: 3000, node: n},
 		{kind: kindRegister, reqID: 2, node: NodeInfo{Addr: v6.Addr}}, // assign gid and incarnation
 		{kind: kindRegister, reqID: 3, leaseMs: 10, node: v6},
@@ -45,6 +50,7 @@ func TestMessageRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", m.kind, err)
 		}
+		m.version = m.wireVersion()
 		if got != m {
 			t.Fatalf("%v: round trip\n got %+v\nwant %+v", m.kind, got, m)
 		}
@@ -84,6 +90,47 @@ func TestMessageRejects(t *testing.T) {
 		} else if !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: error %v does not wrap ErrMalformed", name, err)
 		}
+	}
+}
+
+// TestMessageVersionNoOwner: a message of the previous version (records
+// without the default region's owner) parses, with the owner unknown, and
+// is encoded back in that version; a record of one version's length under
+// the other's header is refused.
+func TestMessageVersionNoOwner(t *testing.T) {
+	n := testNode(42, 0x1122334455667789)
+	if !n.MemOwnerKnown {
+		t.Fatal("test node without an owner")
+	}
+	m := message{kind: kindRegister, reqID: 1, leaseMs: 3000, node: n, version: msgVersionNoOwner}
+	b := m.append(nil)
+	if len(b) != msgHdrLen+8+recordLenNoOwner || b[1] != msgVersionNoOwner {
+		t.Fatalf("version 2 register: %d bytes, version %d", len(b), b[1])
+	}
+	got, err := parseMessage(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.node.MemOwnerKnown || got.node.MemMode != 0 || got.version != msgVersionNoOwner {
+		t.Fatalf("version 2 parsed as %+v", got)
+	}
+	want := n
+	want.MemOwnerKnown, want.MemMode, want.MemUID, want.MemGID = false, 0, 0, 0
+	if got.node != want {
+		t.Fatalf("version 2 record: got %+v want %+v", got.node, want)
+	}
+	if _, _, v, ok := parseMsgHeader(b); !ok || v != msgVersionNoOwner {
+		t.Fatalf("header: version %d ok %v", v, ok)
+	}
+	// The same bytes under the other version's header are the wrong length.
+	b[1] = msgVersion
+	if _, err := parseMessage(b); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("version 3 header on a version 2 record: %v", err)
+	}
+	cur := (&message{kind: kindRegister, node: n}).append(nil)
+	cur[1] = msgVersionNoOwner
+	if _, err := parseMessage(cur); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("version 2 header on a version 3 record: %v", err)
 	}
 }
 

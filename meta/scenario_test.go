@@ -566,6 +566,39 @@ func TestMalformedRejectedAndCounted(t *testing.T) {
 	}
 }
 
+// TestPreviousVersionNode: a node of the previous release (version 2
+// messages: records without the default region's owner) registers with
+// this server, is answered in version 2, and is found with its owner
+// unknown, so that peers read its region directory for mem's mode.
+func TestPreviousVersionNode(t *testing.T) {
+	checkLeaks(t)
+	f := fakeFabric(t)
+	ctx := ctxT(t)
+	srv := startServer(t, f.device(), ServerConfig{Slots: 64})
+	c := startClient(t, f.device(), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}})
+	n := testNode(5, 7)
+	if !n.MemOwnerKnown {
+		t.Fatal("test node without an owner")
+	}
+	cn := c.anyLive()
+	defer cn.unref()
+	reg := message{kind: kindRegister, leaseMs: 3000, node: n, version: msgVersionNoOwner}
+	rep, err := rawCall(ctx, cn, reg.append(nil))
+	if err != nil || rep.status != stOK || rep.kind != kindRegister|replyBit || rep.version != msgVersionNoOwner {
+		t.Fatalf("version 2 registration: reply %+v, %v", rep, err)
+	}
+	want := n
+	want.MemOwnerKnown, want.MemMode, want.MemUID, want.MemGID = false, 0, 0, 0
+	lk := message{kind: kindLookup, node: NodeInfo{GID: n.GID}, version: msgVersionNoOwner}
+	rep, err = rawCall(ctx, cn, lk.append(nil))
+	if err != nil || rep.status != stOK || rep.version != msgVersionNoOwner || rep.node != want {
+		t.Fatalf("version 2 lookup: reply %+v, %v; want node %+v", rep, err, want)
+	}
+	if got, err := c.Lookup(ctx, n.GID); err != nil || got != want {
+		t.Fatalf("one-sided lookup of a version 2 node: %+v, %v; want %+v", got, err, want)
+	}
+}
+
 // TestEmbedded runs the meta server inside a node's process, on the
 // node's own device (krfs mount's single-node default).
 func TestEmbedded(t *testing.T) {

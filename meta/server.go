@@ -632,8 +632,8 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 	}
 	if err != nil {
 		s.st.malformed.Add(1)
-		if kind, id, ok := parseMsgHeader(b); ok && kind&replyBit == 0 && kind != kindBye && bodyLen(kind|replyBit, stMalformed) == 0 {
-			s.replies = append(s.replies, outReply{wc.QPN, message{kind: kind | replyBit, status: stMalformed, reqID: id}})
+		if kind, id, v, ok := parseMsgHeader(b); ok && kind&replyBit == 0 && kind != kindBye && bodyLen(kind|replyBit, stMalformed, v) == 0 {
+			s.replies = append(s.replies, outReply{wc.QPN, message{kind: kind | replyBit, status: stMalformed, reqID: id, version: v}})
 		}
 		return
 	}
@@ -664,6 +664,7 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 		}
 		if rep.status == stOK {
 			// The new expiry word is advisory: reply at once.
+			rep.version = m.version
 			s.replies = append(s.replies, outReply{wc.QPN, rep})
 			s.addWrites(wb, ws, nil)
 			return
@@ -682,6 +683,7 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 		s.reap(wc.QPN)
 		return
 	}
+	rep.version = m.version // answer in the version asked in
 	if len(ws) == 0 {
 		s.replies = append(s.replies, outReply{wc.QPN, rep})
 		return
