@@ -403,7 +403,14 @@ func (s *Server) setupLoop() error {
 	self := s.dev.Addr()
 	for _, p := range [][2]verbs.QP{{s.loopReq, s.loopResp}, {s.loopResp, s.loopReq}} {
 		q, peer := p[0], p[1]
-		if err := q.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteWrite}); err != nil {
+		// The ACK timeout of a client connection, not the NIC's default
+		// (8 ms): on a host starved of CPU the WRITEs' ACKs wait in the
+		// server's own socket, and every retransmission go-back-N of the
+		// whole group went into that same socket, ahead of the clients'
+		// requests (a meta service given 1% of a CPU read 7,114 loopback
+		// WRITEs of 8,880 datagrams; TestStarvedServerLoopbackRetransmits).
+		if err := q.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteWrite,
+			Timeout: connQPTimeout, RetryCnt: DefaultQPRetryCnt}); err != nil {
 			return err
 		}
 		if err := q.Modify(verbs.QPAttr{State: verbs.StateRTR, RemoteAddr: self, RemoteQPN: peer.QPN()}); err != nil {
