@@ -1,7 +1,9 @@
 package meta
 
 import (
+	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,5 +83,87 @@ func TestStarvedServerLoopbackRetransmits(t *testing.T) {
 	}
 	if n := srv.Stats().LoopRepairs; n != 0 {
 		t.Errorf("%d loopback QP repairs: a slow loopback was taken for a broken one", n)
+	}
+}
+
+// TestLookupsBackOffFromASlowServer: established connections to a meta
+// server whose answers are all stall late (longer than the RC retry
+// budget of QPTimeout*(QPRetryCnt+1), 1 s). Each client's READs back off
+// (the connection's ACK timeout doubles while a READ waits), so every
+// lookup completes on the connection it has, with a few copies of each
+// READ request; at a fixed 125 ms each READ was sent 8 times and then the
+// connection failed, and its reconnection (ConnectTimeout, 1 s) failed
+// too: the 64-process mesh's "connection request timed out".
+func TestLookupsBackOffFromASlowServer(t *testing.T) {
+	checkLeaks(t)
+	const (
+		clients = 8
+		gids    = 8
+		stall   = 1500 * time.Millisecond
+	)
+	clk := softnictest.NewManualClock(time.Time{})
+	f := newFabric(t, "fake", softnictest.Config{Seed: 1, Clock: clk, AutoFlush: true})
+	ctx := ctxT(t)
+	sdev := f.device()
+	srv := startServer(t, sdev, ServerConfig{Slots: 256, Clock: clk, Lease: time.Hour})
+	ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, Clock: clk, CacheEntries: -1}
+	reg := startClient(t, f.device(), ccfg)
+	for g := uint32(1); g <= gids; g++ {
+		if _, err := rawRegister(ctx, reg, testNode(g, uint64(g)), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs := make([]*Client, clients)
+	for i := range cs {
+		cs[i] = startClient(t, f.device(), ccfg)
+	}
+	self := sdev.Addr()
+	var readReqs atomic.Int64
+	f.net.SetFilter(func(from, to netip.AddrPort, h wire.Header, _ []byte) softnictest.Verdict {
+		if h.Op == wire.OpReadReq && to == self {
+			readReqs.Add(1)
+		}
+		if from == self && to != self {
+			return softnictest.Delay(stall)
+		}
+		return softnictest.Pass
+	})
+	errs := make(chan error, clients*gids)
+	moved := runOnClock(t, clk, 5*time.Millisecond, 10*time.Minute, func() {
+		var wg sync.WaitGroup
+		for _, c := range cs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for g := uint32(1); g <= gids; g++ {
+					n, err := c.Lookup(ctx, g)
+					if err == nil && (!consistent(n) || n.GID != g) {
+						err = fmt.Errorf("lookup %d: got %+v", g, n)
+					}
+					if err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	})
+	f.net.SetFilter(nil)
+	close(errs)
+	for err := range errs {
+		t.Errorf("lookup from a server %v late: %v", stall, err)
+	}
+	lookups := int64(clients * gids)
+	t.Logf("%d lookups in %v of clock time: %d READ requests", lookups, moved, readReqs.Load())
+	// Copies of the first READ at 0, 125, 375, 875 ms (then the timeout
+	// is MaxQPTimeout, 1 s): 4; of each later one at 0 and 1 s: 2.
+	if got, limit := readReqs.Load(), lookups*3; got > limit {
+		t.Errorf("%d READ requests for %d lookups; want at most %d", got, lookups, limit)
+	}
+	for i, c := range cs {
+		st := c.Stats()
+		if st.Connects != 1 || st.Rebuilds != 0 || st.Backoffs == 0 {
+			t.Errorf("client %d: %d connects, %d rebuilds, %d backoffs; want 1 connect, no rebuild, some backoff", i, st.Connects, st.Rebuilds, st.Backoffs)
+		}
 	}
 }
