@@ -167,3 +167,49 @@ func TestLookupsBackOffFromASlowServer(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentAttemptLastsOnePeriod: an agent's renewal attempt ends within
+// one heartbeat period when the server does not answer, even on a
+// connection whose ACK timeout backed off to MaxQPTimeout (its RPC
+// timeout is then 8 s, longer than the lease): the server renews a lease
+// when a heartbeat arrives, so the next one must leave on time rather
+// than wait for a late reply or a slow reconnection.
+func TestAgentAttemptLastsOnePeriod(t *testing.T) {
+	checkLeaks(t)
+	const lease = 3 * time.Second
+	clk := softnictest.NewManualClock(time.Time{})
+	f := newFabric(t, "fake", softnictest.Config{Seed: 1, Clock: clk, AutoFlush: true})
+	ctx := ctxT(t)
+	srv := startServer(t, f.device(), ServerConfig{Slots: 64, Clock: clk, Lease: lease})
+	c := startClient(t, f.device(), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, Clock: clk})
+	info := testNode(5, 9)
+	info.MemRKey, info.MemLen, info.MemAccess, info.Transport = 0, 0, 0, "softnic/udp"
+	var a *Agent
+	runOnClock(t, clk, 5*time.Millisecond, time.Minute, func() {
+		var err error
+		if a, err = c.Register(ctx, info, AgentConfig{}); err != nil {
+			t.Error(err)
+		}
+	})
+	if a == nil {
+		t.FailNow()
+	}
+	defer a.Close()
+	cn := c.servers[0].live()
+	cn.rtoMu.Lock()
+	cn.rto = c.cfg.MaxQPTimeout // as after READs that waited for a slow server
+	cn.rtoMu.Unlock()
+	cn.setAckTimeout(c.cfg.MaxQPTimeout)
+	rpc := cn.rpcTimeout()
+	cn.unref()
+	if rpc <= lease {
+		t.Fatalf("RPC timeout %v: the test needs one longer than the lease", rpc)
+	}
+	f.net.Isolate(srv.Addr())
+	defer f.net.Heal()
+	period := a.period(0)
+	took := runOnClock(t, clk, 5*time.Millisecond, time.Minute, func() { a.maintain(a.ctx, 0) })
+	if took > period+50*time.Millisecond {
+		t.Errorf("a renewal attempt to a server that does not answer lasted %v of clock time; want at most the period, %v (RPC timeout %v)", took, period, rpc)
+	}
+}
