@@ -20,11 +20,15 @@ import (
 const (
 	DefaultSlots        = 1 << 15 // 16384 nodes at load 1/2
 	DefaultNeighborhood = 16      // one lookup READs 1 KiB
-	DefaultLease        = 3 * time.Second
-	DefaultMinLease     = 50 * time.Millisecond
-	DefaultMaxLease     = time.Minute
-	DefaultIdleTimeout  = 30 * time.Second
-	DefaultMaxConns     = 4096
+	// DefaultLease: a registration lives 10 s without a heartbeat (one
+	// every 3.3 s). At 3 s, daemons starved of CPU (64 daemons and 64 new
+	// processes on 2 vCPUs, load 50-90) missed it, and their entries left
+	// the table while the meta service itself kept up ("no such node").
+	DefaultLease       = 10 * time.Second
+	DefaultMinLease    = 50 * time.Millisecond
+	DefaultMaxLease    = time.Minute
+	DefaultIdleTimeout = 30 * time.Second
+	DefaultMaxConns    = 4096
 	// connQPTimeout is the ACK timeout of the server's side of a client
 	// connection: with DefaultQPRetryCnt retries, about a second.
 	connQPTimeout = DefaultRPCTimeout / (DefaultQPRetryCnt + 1)
