@@ -576,6 +576,7 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 		return NodeInfo{}, false, err
 	}
 	home := cn.geom.home(gid)
+	start := time.Now()
 	for try := 0; ; try++ {
 		if try > 0 {
 			seq = cn.rearm(slot, opRead)
@@ -593,7 +594,7 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 			return n, found, nil
 		}
 		cn.cl.st.tornReads.Add(1)
-		if try >= maxTornRetries {
+		if tornTooLong(try, start) {
 			cn.finish(slot)
 			return NodeInfo{}, false, fmt.Errorf("meta: gid %d: entry kept changing over %d READs", gid, try+1)
 		}
@@ -601,9 +602,20 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 	}
 }
 
-// maxTornRetries bounds the READs of one lookup that keep finding writes
-// in progress.
-const maxTornRetries = 100
+// A lookup READs a slot that keeps showing a write in progress again at
+// least maxTornRetries times and for at least tornPatience of real time:
+// a write group whose WRITE was lost completes only when the server's
+// loopback QP resends it, after its ACK timeout (connQPTimeout).
+const (
+	maxTornRetries = 100
+	tornPatience   = 2 * connQPTimeout
+)
+
+// tornTooLong reports whether a slot torn try times since start (real
+// time, like backoff) is given up on.
+func tornTooLong(try int, start time.Time) bool {
+	return try >= maxTornRetries && time.Since(start) > tornPatience
+}
 
 // backoff waits a little before reading a changing entry again. The pause
 // is real time on purpose: it only spaces out READs of an entry a writer
@@ -791,9 +803,10 @@ func (cn *conn) readMembers(ctx context.Context) (_ []NodeInfo, ok bool, err err
 // while it is torn. listMu held.
 func (cn *conn) listedSlot(ctx context.Context, i int) (entry, error) {
 	e, ok := decodeEntry(cn.listMem[slotOffset(i):][:EntrySize])
+	start := time.Now()
 	for try := 0; !ok; try++ {
 		cn.cl.st.tornReads.Add(1)
-		if try >= maxTornRetries {
+		if tornTooLong(try, start) {
 			return entry{}, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
 		}
 		backoff(try)
