@@ -245,7 +245,16 @@ func (a *Agent) period(i int) time.Duration {
 // maintain makes one renewal attempt at server i: connect if needed,
 // register if the server does not hold the registration (never did,
 // lost it, or restarted since), heartbeat otherwise.
+//
+// The attempt lasts at most one heartbeat period (on the client's clock),
+// whatever a slow server makes the RPC and reconnection timeouts: the
+// server renews the lease when a heartbeat arrives, not when its reply
+// does, so a registration stays alive by heartbeats sent on time, and an
+// agent blocked on one late reply for longer than the lease (the RPC
+// timeout grows with a connection's ACK timeout) would lose it.
 func (a *Agent) maintain(ctx context.Context, i int) {
+	ctx, cancel := clock.WithTimeout(ctx, a.clock, a.period(i))
+	defer cancel()
 	c := a.c
 	cn, err := c.connect(ctx, c.servers[i], false)
 	if err != nil {

@@ -67,6 +67,13 @@ type ClientConfig struct {
 	// default ACK timeout budget) for as long as an RPC would wait.
 	QPTimeout  time.Duration
 	QPRetryCnt int
+	// MaxQPTimeout bounds the ACK timeout of a connection that backed off
+	// (its READs waited past QPTimeout: a slow server); zero means
+	// RPCTimeout, at least QPTimeout. A connection's QP then fails after
+	// at most about QPTimeout*(2^k-1) + MaxQPTimeout*(QPRetryCnt+1-k)
+	// without an answer (k doublings; 5.9 s with the defaults) instead of
+	// QPTimeout*(QPRetryCnt+1).
+	MaxQPTimeout time.Duration
 	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
 	// nil is the system clock.
 	Clock clock.Clock
@@ -106,6 +113,10 @@ func (c *ClientConfig) fill() error {
 	if c.QPTimeout == 0 {
 		c.QPTimeout = c.RPCTimeout / time.Duration(c.QPRetryCnt+1)
 	}
+	if c.MaxQPTimeout == 0 {
+		c.MaxQPTimeout = c.RPCTimeout
+	}
+	c.MaxQPTimeout = max(c.MaxQPTimeout, c.QPTimeout)
 	if c.Clock == nil {
 		c.Clock = clock.System{}
 	}
@@ -133,6 +144,9 @@ type ClientStats struct {
 	// MapRetries counts Lists that found the membership map changing
 	// under them and read it again.
 	MapRetries uint64
+	// Backoffs counts doublings of a connection's ACK timeout: READs that
+	// waited longer than it (a slow server).
+	Backoffs uint64
 }
 
 // Client reads the node table of one or more meta servers and caches
@@ -170,6 +184,7 @@ type Client struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
 		lastKnown, rebuilds, mapRetries          atomic.Uint64
+		backoffs                                 atomic.Uint64
 	}
 }
 
@@ -184,6 +199,9 @@ type server struct {
 	gens    uint64     // connections made so far
 	lastTry time.Time  // clock time of the last attempt
 	lastErr error
+	// handshake is how long the last connection that succeeded took to
+	// make (client clock): what the server could do then.
+	handshake time.Duration
 }
 
 // NewClient makes a client of the meta servers in cfg.Servers on dev. It
@@ -373,17 +391,19 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		return nil, fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 	}
 	s.mu.Unlock()
+	s.mu.Lock()
+	gen := s.gens + 1
+	s.lastTry = c.clock.Now()
+	start := s.lastTry
+	limit := c.reconnectTimeout(s.handshake)
+	s.mu.Unlock()
 	var cancel context.CancelFunc
 	if _, ok := ctx.Deadline(); budget && ok {
 		ctx, cancel = context.WithCancel(ctx)
 	} else {
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+		ctx, cancel = context.WithTimeout(ctx, limit)
 	}
 	defer cancel()
-	s.mu.Lock()
-	gen := s.gens + 1
-	s.lastTry = c.clock.Now()
-	s.mu.Unlock()
 	cn, err := c.dial(ctx, s.addr, gen)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -404,12 +424,22 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 	}
 	old := s.cur
 	s.cur, s.gens, s.lastErr = cn, gen, nil
+	s.handshake = c.clock.Now().Sub(start)
 	c.st.connects.Add(1)
 	cn.ref() // the caller's; the record keeps the dial's
 	if old != nil {
 		old.unref()
 	}
 	return cn, nil
+}
+
+// reconnectTimeout bounds a connection attempt after the first, given
+// how long the last handshake that succeeded took: ConnectTimeout, or
+// twice that handshake if longer (a server that needed seconds to answer
+// while loaded is not given up on after one), at most
+// FirstConnectTimeout.
+func (c *Client) reconnectTimeout(last time.Duration) time.Duration {
+	return min(max(c.cfg.ConnectTimeout, 2*last), max(c.cfg.FirstConnectTimeout, c.cfg.ConnectTimeout))
 }
 
 // maintain reconnects servers that are down and pings idle connections so
@@ -899,6 +929,7 @@ func (c *Client) Stats() ClientStats {
 		Invalidated:  c.st.inval.Load(),
 		LastKnown:    c.st.lastKnown.Load(),
 		MapRetries:   c.st.mapRetries.Load(),
+		Backoffs:     c.st.backoffs.Load(),
 	}
 }
 

@@ -69,6 +69,13 @@ type conn struct {
 
 	lastTx atomic.Int64 // clock time (unix ns) of the last message sent
 
+	// rtoMu guards the connection's RC ACK timeout (see ackTimeout). It is
+	// taken with no other lock held.
+	rtoMu        sync.Mutex
+	rto          time.Duration // the QP's ACK timeout now
+	rtoAt        time.Time     // clock time of the last change of rto or completion
+	srtt, rttvar time.Duration // smoothed READ time and its variation; 0: no sample yet
+
 	// listMu guards listMem and listMR, the landing area of List.
 	listMu  sync.Mutex
 	listMem []byte
@@ -161,7 +168,90 @@ func (c *Client) dial(ctx context.Context, addr netip.AddrPort, gen uint64) (*co
 	}
 	cn.wcs = make([]verbs.WC, 64)
 	cn.lastTx.Store(c.clock.Now().UnixNano())
+	cn.rto, cn.rtoAt = cfg.QPTimeout, c.clock.Now()
 	return cn, nil
+}
+
+// The connection's RC ACK timeout adapts to what the server can do, as
+// TCP's retransmission timeout does (RFC 6298), on the client's clock.
+//
+// The NIC retransmits a request whose ACK or response is late every ACK
+// timeout, and a meta server that is slow (its host starved of CPU, many
+// nodes asking at once) answers every copy it finds in its socket,
+// however late: at a fixed 125 ms, an operation that waited 2 s behind a
+// backlog was sent 16 times and answered 16 times, so the backlog and
+// every answer's delay grew until connections failed. So an operation
+// still waiting after the current timeout doubles it (up to
+// MaxQPTimeout), as the QP's new ACK timeout, which the NIC reads at its
+// next expiry: the copies of one request grow with the log of the
+// server's delay, not linearly. A completion that was never late gives a
+// sample of the server's time (Karn: a late one may answer an earlier
+// copy); the timeout falls back to the smoothed time plus four times its
+// variation, never below ClientConfig.QPTimeout.
+
+// ackTimeout returns the connection's current ACK timeout.
+func (cn *conn) ackTimeout() time.Duration {
+	cn.rtoMu.Lock()
+	defer cn.rtoMu.Unlock()
+	return cn.rto
+}
+
+// late is called by an operation that has waited the ACK timeout it read
+// (rto) without completing: the timeout doubles, unless another operation
+// (or a completion) changed it less than a timeout ago.
+func (cn *conn) late(rto time.Duration) {
+	cfg := &cn.cl.cfg
+	now := cn.cl.clock.Now()
+	cn.rtoMu.Lock()
+	if cn.rto != rto || now.Sub(cn.rtoAt) < cn.rto || cn.rto >= cfg.MaxQPTimeout {
+		cn.rtoMu.Unlock()
+		return
+	}
+	cn.rto = min(2*cn.rto, cfg.MaxQPTimeout)
+	cn.rtoAt = now
+	next := cn.rto
+	cn.rtoMu.Unlock()
+	cn.cl.st.backoffs.Add(1)
+	cn.setAckTimeout(next)
+}
+
+// took records that an operation completed after d; clean says it never
+// waited past the ACK timeout (its answer is to its first copy).
+func (cn *conn) took(d time.Duration, clean bool) {
+	cfg := &cn.cl.cfg
+	cn.rtoMu.Lock()
+	cn.rtoAt = cn.cl.clock.Now()
+	if !clean {
+		cn.rtoMu.Unlock()
+		return
+	}
+	if cn.srtt == 0 {
+		cn.srtt, cn.rttvar = d, d/2
+	} else {
+		cn.rttvar = (3*cn.rttvar + (cn.srtt - d).Abs()) / 4
+		cn.srtt = (7*cn.srtt + d) / 8
+	}
+	want := min(max(cn.srtt+4*cn.rttvar, cfg.QPTimeout), cfg.MaxQPTimeout)
+	changed := want != cn.rto
+	cn.rto = want
+	cn.rtoMu.Unlock()
+	if changed {
+		cn.setAckTimeout(want)
+	}
+}
+
+// setAckTimeout makes d the QP's ACK timeout. A QP that is no longer in
+// RTS (dead) keeps the old one.
+func (cn *conn) setAckTimeout(d time.Duration) {
+	_ = cn.qp.Modify(verbs.QPAttr{State: verbs.StateRTS, Timeout: d})
+}
+
+// rpcTimeout is how long an RPC waits for its reply: RPCTimeout, or the
+// NIC's retry budget at the current ACK timeout if that is longer (a
+// reply that the NIC is still trying to get is not given up on).
+func (cn *conn) rpcTimeout() time.Duration {
+	cfg := &cn.cl.cfg
+	return max(cfg.RPCTimeout, cn.ackTimeout()*time.Duration(cfg.QPRetryCnt+1))
 }
 
 func (cn *conn) recvWR(i int) verbs.RecvWR {
@@ -275,8 +365,24 @@ func (cn *conn) deadErr() error {
 // wait waits until the op in slot finishes, polling the CQ meanwhile. On
 // a timeout or a cancelled ctx it abandons the op and returns the error;
 // the slot is then no longer the caller's.
-func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan struct{}) (abandoned bool, err error) {
+//
+// A READ (adapt) is timed from its post on the client's clock: one that
+// completes gives the ACK timeout a sample, one that waits past the ACK
+// timeout makes it back off (see ackTimeout). An RPC does neither: its
+// reply may wait for the server's table WRITEs, after the NIC's ACK.
+func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan struct{}, adapt bool) (abandoned bool, err error) {
 	o := &cn.ops[slot]
+	clk := cn.cl.clock
+	var t0 time.Time
+	var rto time.Duration
+	var ackC <-chan struct{}
+	stopAck := func() bool { return false }
+	if adapt {
+		t0, rto = clk.Now(), cn.ackTimeout()
+		ackC, stopAck = clock.After(clk, rto)
+	}
+	defer func() { stopAck() }()
+	clean := true
 	for {
 		cn.pollMu.Lock()
 		cn.pollLocked()
@@ -286,12 +392,21 @@ func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan s
 			default:
 			}
 			cn.pollMu.Unlock()
+			if adapt && o.err == nil {
+				cn.took(clk.Now().Sub(t0), clean)
+			}
 			return false, o.err
 		}
 		cn.pollMu.Unlock()
 		select {
 		case <-o.done:
 			// Finished: the next round sees it under pollMu.
+		case <-ackC:
+			clean = false
+			cn.late(rto)
+			rto = cn.ackTimeout()
+			stopAck()
+			ackC, stopAck = clock.After(clk, rto)
 		case <-cn.cq.Notify():
 		case <-cn.deadCh:
 			// Flushed completions may still be on their way; give up
@@ -432,7 +547,7 @@ func (cn *conn) read(ctx context.Context, slot int, seq uint32, off uint64, n in
 		cn.kill()
 		return nil, cn.abandon(slot, seq), fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
 	}
-	abandoned, err := cn.wait(ctx, slot, seq, nil)
+	abandoned, err := cn.wait(ctx, slot, seq, nil, true)
 	if err != nil {
 		return nil, abandoned, err
 	}
@@ -461,6 +576,7 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 		return NodeInfo{}, false, err
 	}
 	home := cn.geom.home(gid)
+	start := time.Now()
 	for try := 0; ; try++ {
 		if try > 0 {
 			seq = cn.rearm(slot, opRead)
@@ -478,7 +594,7 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 			return n, found, nil
 		}
 		cn.cl.st.tornReads.Add(1)
-		if try >= maxTornRetries {
+		if tornTooLong(try, start) {
 			cn.finish(slot)
 			return NodeInfo{}, false, fmt.Errorf("meta: gid %d: entry kept changing over %d READs", gid, try+1)
 		}
@@ -486,9 +602,20 @@ func (cn *conn) lookup(ctx context.Context, gid uint32) (NodeInfo, bool, error) 
 	}
 }
 
-// maxTornRetries bounds the READs of one lookup that keep finding writes
-// in progress.
-const maxTornRetries = 100
+// A lookup READs a slot that keeps showing a write in progress again at
+// least maxTornRetries times and for at least tornPatience of real time:
+// a write group whose WRITE was lost completes only when the server's
+// loopback QP resends it, after its ACK timeout (connQPTimeout).
+const (
+	maxTornRetries = 100
+	tornPatience   = 2 * connQPTimeout
+)
+
+// tornTooLong reports whether a slot torn try times since start (real
+// time, like backoff) is given up on.
+func tornTooLong(try int, start time.Time) bool {
+	return try >= maxTornRetries && time.Since(start) > tornPatience
+}
 
 // backoff waits a little before reading a changing entry again. The pause
 // is real time on purpose: it only spaces out READs of an entry a writer
@@ -542,8 +669,8 @@ func (cn *conn) call(ctx context.Context, m message) (message, error) {
 		cn.abandon(slot, seq)
 		return message{}, nil
 	}
-	timeout, stop := clock.After(cn.cl.clock, cn.cl.cfg.RPCTimeout)
-	abandoned, err := cn.wait(ctx, slot, seq, timeout)
+	timeout, stop := clock.After(cn.cl.clock, cn.rpcTimeout())
+	abandoned, err := cn.wait(ctx, slot, seq, timeout, false)
 	stop()
 	if err != nil {
 		if !abandoned {
@@ -676,9 +803,10 @@ func (cn *conn) readMembers(ctx context.Context) (_ []NodeInfo, ok bool, err err
 // while it is torn. listMu held.
 func (cn *conn) listedSlot(ctx context.Context, i int) (entry, error) {
 	e, ok := decodeEntry(cn.listMem[slotOffset(i):][:EntrySize])
+	start := time.Now()
 	for try := 0; !ok; try++ {
 		cn.cl.st.tornReads.Add(1)
-		if try >= maxTornRetries {
+		if tornTooLong(try, start) {
 			return entry{}, fmt.Errorf("meta: slot %d kept changing over %d READs", i, try+1)
 		}
 		backoff(try)
@@ -713,7 +841,7 @@ func (cn *conn) readList(ctx context.Context, wrs []verbs.SendWR) error {
 		cn.abandon(slot, seq)
 		return fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
 	}
-	abandoned, err := cn.wait(ctx, slot, seq, nil)
+	abandoned, err := cn.wait(ctx, slot, seq, nil, true)
 	if err != nil {
 		if abandoned {
 			// The READs may still land in the buffer: use new memory

@@ -222,8 +222,31 @@
 // server gets one handshake per client to answer, where abandoning it at
 // ConnectTimeout and starting another would leave it more requests whose
 // requesters are gone (TestManyArriveAtASlowServer). Later reconnections
-// keep ConnectTimeout, so that with the service down a lookup fails, or
-// answers from the last entry it read, within it.
+// keep ConnectTimeout, or twice the last handshake that succeeded if
+// that took longer (at most FirstConnectTimeout), so that with the
+// service down a lookup fails, or answers from the last entry it read,
+// within it, while a service that was slow to answer is not given up on
+// sooner than it answered.
+//
+// On an established connection, the NIC resends a READ whose response is
+// late every ACK timeout, and a slow server answers every copy it finds
+// in its socket. At a fixed 125 ms that fed on itself: 64 processes
+// reading a meta service starved of CPU made it a backlog of seconds (a
+// 10 MB receive queue), each READ was sent and answered up to 8 times,
+// and connections failed. So a connection's ACK timeout adapts, as TCP's
+// retransmission timeout does: a READ still waiting after it doubles it
+// (on the client's clock, up to MaxQPTimeout, RPCTimeout by default; the
+// NIC reads the new value at its next expiry), and a READ answered in
+// time gives a sample, from which the timeout is the smoothed time plus
+// four deviations, never below QPTimeout (ClientStats.Backoffs;
+// TestLookupsBackOffFromASlowServer). A connection to a server that died
+// therefore fails after about 6 s without an answer, not 1 s. An RPC
+// waits for its reply RPCTimeout, or the NIC's retry budget at the
+// current ACK timeout if longer. The server's own loopback QP, which
+// writes the table, uses the connection ACK timeout too, not the NIC's
+// 8 ms default: on a starved host its ACKs wait in the server's socket,
+// and resending every 8 ms filled that socket with its own WRITEs
+// (TestStarvedServerLoopbackRetransmits).
 //
 // An operation whose connection fails under it with a transport error
 // (its QP went to ERR: a SEND or READ out of retries, a server that lost

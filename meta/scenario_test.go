@@ -498,7 +498,7 @@ func rawCall(ctx context.Context, cn *conn, b []byte) (message, error) {
 	}
 	timeout, stop := clock.After(cn.cl.clock, time.Second)
 	defer stop()
-	if abandoned, err := cn.wait(ctx, slot, seq, timeout); err != nil {
+	if abandoned, err := cn.wait(ctx, slot, seq, timeout, false); err != nil {
 		if !abandoned {
 			cn.finish(slot)
 		}

@@ -20,11 +20,15 @@ import (
 const (
 	DefaultSlots        = 1 << 15 // 16384 nodes at load 1/2
 	DefaultNeighborhood = 16      // one lookup READs 1 KiB
-	DefaultLease        = 3 * time.Second
-	DefaultMinLease     = 50 * time.Millisecond
-	DefaultMaxLease     = time.Minute
-	DefaultIdleTimeout  = 30 * time.Second
-	DefaultMaxConns     = 4096
+	// DefaultLease: a registration lives 10 s without a heartbeat (one
+	// every 3.3 s). At 3 s, daemons starved of CPU (64 daemons and 64 new
+	// processes on 2 vCPUs, load 50-90) missed it, and their entries left
+	// the table while the meta service itself kept up ("no such node").
+	DefaultLease       = 10 * time.Second
+	DefaultMinLease    = 50 * time.Millisecond
+	DefaultMaxLease    = time.Minute
+	DefaultIdleTimeout = 30 * time.Second
+	DefaultMaxConns    = 4096
 	// connQPTimeout is the ACK timeout of the server's side of a client
 	// connection: with DefaultQPRetryCnt retries, about a second.
 	connQPTimeout = DefaultRPCTimeout / (DefaultQPRetryCnt + 1)
@@ -403,7 +407,14 @@ func (s *Server) setupLoop() error {
 	self := s.dev.Addr()
 	for _, p := range [][2]verbs.QP{{s.loopReq, s.loopResp}, {s.loopResp, s.loopReq}} {
 		q, peer := p[0], p[1]
-		if err := q.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteWrite}); err != nil {
+		// The ACK timeout of a client connection, not the NIC's default
+		// (8 ms): on a host starved of CPU the WRITEs' ACKs wait in the
+		// server's own socket, and every retransmission go-back-N of the
+		// whole group went into that same socket, ahead of the clients'
+		// requests (a meta service given 1% of a CPU read 7,114 loopback
+		// WRITEs of 8,880 datagrams; TestStarvedServerLoopbackRetransmits).
+		if err := q.Modify(verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteWrite,
+			Timeout: connQPTimeout, RetryCnt: DefaultQPRetryCnt}); err != nil {
 			return err
 		}
 		if err := q.Modify(verbs.QPAttr{State: verbs.StateRTR, RemoteAddr: self, RemoteQPN: peer.QPN()}); err != nil {
