@@ -213,17 +213,22 @@ func TestDCITargetsAndKeys(t *testing.T) {
 		}
 		// A wrong DC key is NAKed, counted, and never executed.
 		before := tg[0].dev.Stats().DCKeyRejects
+		sent0 := dci.Info().Stats.Retransmits
 		copy(a.mem[8192:], "evil")
 		post(t, dci, verbs.SendWR{ID: 99, Op: verbs.OpWrite, Local: sge(a, 8192, 4), RemoteAddr: 9000, RKey: tg[0].mr.RKey(), Target: target(tg[0], dcts[0], 1)})
 		wc := poll(t, a.cq, 1, 5*time.Second)[0]
 		if wc.Status != verbs.StatusRemInvReqErr || wc.Reason != verbs.ReasonDCKey {
 			t.Fatalf("wrong DC key: %+v", wc)
 		}
-		if got := tg[0].dev.Stats().DCKeyRejects - before; got != 1 {
-			t.Fatalf("DC key rejects counted %d, want 1", got)
+		// Every copy that arrives is refused and counted: one, plus any
+		// retransmission the DCI made before the NAK came back (a loaded
+		// host can fire the ACK timeout first).
+		copies := 1 + dci.Info().Stats.Retransmits - sent0
+		if got := tg[0].dev.Stats().DCKeyRejects - before; got < 1 || got > copies {
+			t.Fatalf("DC key rejects counted %d, want 1 to %d (copies sent)", got, copies)
 		}
-		if dcts[0].Info().Stats.DCKeyRejects != 1 {
-			t.Fatalf("DCT counter %d", dcts[0].Info().Stats.DCKeyRejects)
+		if got := dcts[0].Info().Stats.DCKeyRejects; got < 1 || got > copies {
+			t.Fatalf("DCT counter %d, want 1 to %d", got, copies)
 		}
 		tg[0].dev.SyncMemory()
 		if string(tg[0].mem[9000:9004]) == "evil" {

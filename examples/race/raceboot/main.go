@@ -149,6 +149,9 @@ type result struct {
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
+// noDrive is the -nodrive flag.
+var noDrive bool
+
 func main() {
 	mode := flag.String("mode", "vqp", "files, vqp, rc or coldpeer")
 	metaAddr := flag.String("meta", "", "meta service HOST:PORT")
@@ -157,6 +160,7 @@ func main() {
 	iters := flag.Int("n", 100, "coldpeer: iterations")
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
 	mount := flag.String("mount", "", "files: this host's krfs mount directory")
+	flag.BoolVar(&noDrive, "nodrive", false, "callers wait for completions through the CQ's notification instead of receiving on their own goroutine (qpcore's and meta's NoDrive), for comparison")
 	parallel := flag.Bool("parallel", false, "connect to the memory nodes all at once (a goroutine each), not one after another")
 	flag.Parse()
 	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, *parallel, flag.Args()); err != nil {
@@ -199,7 +203,7 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 		return err
 	}
 	defer dev.Close()
-	cl, err := meta.NewClient(ctx, dev, meta.ClientConfig{Servers: []netip.AddrPort{server}})
+	cl, err := meta.NewClient(ctx, dev, meta.ClientConfig{Servers: []netip.AddrPort{server}, NoDrive: noDrive})
 	if err != nil {
 		return err
 	}
@@ -250,7 +254,7 @@ func eachNode(n int, parallel bool, connect func(i int) error) error {
 }
 
 func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time, parallel bool) error {
-	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true})
+	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true, NoDrive: noDrive})
 	if err != nil {
 		return err
 	}
@@ -485,7 +489,7 @@ func dirLookup(dir []byte, name string) (uint32, error) {
 // coldPeer: per iteration and memory node, forget the peer, then time a
 // cold Connect + first 8-byte READ, then one warm 8-byte READ.
 func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, iters int) error {
-	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true})
+	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true, NoDrive: noDrive})
 	if err != nil {
 		return err
 	}
