@@ -74,13 +74,6 @@ type ClientConfig struct {
 	// without an answer (k doublings; 5.9 s with the defaults) instead of
 	// QPTimeout*(QPRetryCnt+1).
 	MaxQPTimeout time.Duration
-	// NoDrive makes a caller wait for its READ or reply through the CQ's
-	// notification (a hand-off from the device's receive goroutine)
-	// instead of receiving for the device on its own goroutine, which it
-	// does by default on a device that supports it (verbs.DrivenCQ), as
-	// qpcore's synchronous callers do: a cold peer's meta lookup then
-	// costs its round trip, not a round trip and a thread wake-up.
-	NoDrive bool
 	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
 	// nil is the system clock.
 	Clock clock.Clock

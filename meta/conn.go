@@ -383,9 +383,6 @@ func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan s
 	}
 	defer func() { stopAck() }()
 	clean := true
-	if d, ok := cn.cq.(verbs.DrivenCQ); ok && !cn.cl.cfg.NoDrive {
-		cn.drive(ctx, d, o)
-	}
 	for {
 		cn.pollMu.Lock()
 		cn.pollLocked()
@@ -427,25 +424,6 @@ func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan s
 			return cn.abandon(slot, seq), ctx.Err()
 		}
 	}
-}
-
-// drive receives for the device on the caller's goroutine until o
-// finishes (verbs.DrivenCQ), for at most the connection's ACK timeout on
-// the client's clock: the loop in wait then sees the op finished, or
-// takes over the backoff, the timeouts and a dead connection. A
-// completion this caller receives for another op wakes that op's waiter
-// through its done channel.
-func (cn *conn) drive(ctx context.Context, d verbs.DrivenCQ, o *op) {
-	dctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	t := cn.cl.clock.AfterFunc(cn.ackTimeout(), cancel)
-	defer t.Stop()
-	_ = d.Drive(dctx, o.done, func() bool {
-		cn.pollMu.Lock()
-		defer cn.pollMu.Unlock()
-		cn.pollLocked()
-		return o.finished
-	})
 }
 
 // abandon gives up the op in slot. An RPC's slot is free at once (a late

@@ -174,7 +174,7 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	err = n.untilAnswered(ctx, "connection", func() (err error) {
-		n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers, NoDrive: cfg.QPCore.NoDrive})
+		n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers})
 		return err
 	})
 	if err != nil {

@@ -160,7 +160,7 @@ func main() {
 	iters := flag.Int("n", 100, "coldpeer: iterations")
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
 	mount := flag.String("mount", "", "files: this host's krfs mount directory")
-	flag.BoolVar(&noDrive, "nodrive", false, "callers wait for completions through the CQ's notification instead of receiving on their own goroutine (qpcore's and meta's NoDrive), for comparison")
+	flag.BoolVar(&noDrive, "nodrive", false, "synchronous callers wait for completions through the CQ's notification instead of receiving on their own goroutine (qpcore's NoDrive), for comparison")
 	parallel := flag.Bool("parallel", false, "connect to the memory nodes all at once (a goroutine each), not one after another")
 	flag.Parse()
 	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, *parallel, flag.Args()); err != nil {
@@ -203,7 +203,7 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 		return err
 	}
 	defer dev.Close()
-	cl, err := meta.NewClient(ctx, dev, meta.ClientConfig{Servers: []netip.AddrPort{server}, NoDrive: noDrive})
+	cl, err := meta.NewClient(ctx, dev, meta.ClientConfig{Servers: []netip.AddrPort{server}})
 	if err != nil {
 		return err
 	}
