@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/fusetest"
 )
 
 // A local region file behaves like a file: a shell redirection truncates
@@ -138,7 +139,7 @@ func TestPeersIsReadOnly(t *testing.T) {
 // mountFakeWith mounts b with options o until the test ends.
 func mountFakeWith(t *testing.T, b fs.Backend, o fs.Options) string {
 	t.Helper()
-	requireFUSE(t)
+	fusetest.Require(t)
 	dir := t.TempDir()
 	srv, err := fs.Mount(dir, b, o)
 	if err != nil {

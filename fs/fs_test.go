@@ -13,31 +13,13 @@ import (
 	"unsafe"
 
 	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/fusetest"
 	"golang.org/x/sys/unix"
 )
 
-// requireFUSE skips without /dev/fuse or root, unless KRFS_E2E=required
-// says the environment must have them.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("KRFS_E2E") == "required" {
-		t.Fatalf("FUSE required (KRFS_E2E=required) but %s", why)
-	}
-	t.Skipf("FUSE unavailable: %s", why)
-}
-
 func mountFake(t *testing.T, b fs.Backend) string {
 	t.Helper()
-	requireFUSE(t)
+	fusetest.Require(t)
 	dir := t.TempDir()
 	srv, err := fs.Mount(dir, b, fs.Options{Timeout: time.Second})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/fusetest"
 )
 
 // regBackend is the fake backend as a BufferRegistrar: it records the
@@ -66,7 +67,7 @@ func (b *regBackend) inPool(p []byte) bool {
 // all of it is back once the mount is gone. Reads and writes of 512 B to
 // 1 MiB at random offsets, from 4 threads, return the right bytes.
 func TestReadsLandInTheBoundedRegisteredBuffers(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	const size = 8 << 20
 	f := newFake(1)
 	f.addPeer(2, size)
@@ -193,7 +194,7 @@ func TestReadsLandInTheBoundedRegisteredBuffers(t *testing.T) {
 // the right bytes. Two 1 MiB reads hold both blocks of a 2 MiB pool while
 // a third arrives.
 func TestReadOverflowingTheBuffersIsServedAndCounted(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	const size = 4 << 20
 	f := newFake(1)
 	f.addPeer(2, size)

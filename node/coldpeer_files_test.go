@@ -11,27 +11,9 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/fusetest"
 	"github.com/krfs/krfs/internal/leaktest"
 )
-
-// requireFUSE skips without /dev/fuse or root, unless KRFS_E2E=required
-// says the environment must have them.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("KRFS_E2E") == "required" {
-		t.Fatalf("FUSE required (KRFS_E2E=required) but %s", why)
-	}
-	t.Skipf("FUSE unavailable: %s", why)
-}
 
 // mountNode mounts n's files in a temporary directory.
 func mountNode(t *testing.T, n *Node) string {
@@ -77,7 +59,7 @@ func statReadMem(t *testing.T, dir string, gid uint32) (os.FileInfo, string) {
 // its mem was chmod'ed and chown'ed. An entry without the owner (a node of
 // before) still works, with one directory READ for the stat.
 func TestColdPeerFilesNoDirectoryRead(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	leaktest.Check(t)
 	a := testNode(t) // the peer, with the meta service
 	lr, err := a.LocalRegion("mem")

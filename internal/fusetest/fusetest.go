@@ -1,0 +1,38 @@
+// Package fusetest decides whether a test that mounts a FUSE file system
+// can run here.
+//
+// Call Require first thing in such a test:
+//
+//	func TestMount(t *testing.T) {
+//		fusetest.Require(t)
+//		...
+//	}
+//
+// It skips the test when the process is not root or /dev/fuse is missing,
+// unless KRFS_E2E=required says that the environment must have them (as
+// CI does), in which case the test fails instead of passing unnoticed.
+package fusetest
+
+import (
+	"os"
+	"testing"
+)
+
+// Require skips (or, with KRFS_E2E=required, fails) t unless it can mount
+// FUSE file systems.
+func Require(t testing.TB) {
+	t.Helper()
+	why := ""
+	if os.Geteuid() != 0 {
+		why = "not root"
+	} else if _, err := os.Stat("/dev/fuse"); err != nil {
+		why = "no /dev/fuse"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("KRFS_E2E") == "required" {
+		t.Fatalf("FUSE required (KRFS_E2E=required) but %s", why)
+	}
+	t.Skipf("FUSE unavailable: %s", why)
+}
