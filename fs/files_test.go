@@ -139,18 +139,7 @@ func TestPeersIsReadOnly(t *testing.T) {
 // mountFakeWith mounts b with options o until the test ends.
 func mountFakeWith(t *testing.T, b fs.Backend, o fs.Options) string {
 	t.Helper()
-	fusetest.Require(t)
-	dir := t.TempDir()
-	srv, err := fs.Mount(dir, b, o)
-	if err != nil {
-		t.Fatalf("mount: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
-	return dir
+	return fusetest.Mount(t, b, o)
 }
 
 // A port opened with O_NONBLOCK gives EAGAIN when no message is queued,

@@ -19,18 +19,7 @@ import (
 
 func mountFake(t *testing.T, b fs.Backend) string {
 	t.Helper()
-	fusetest.Require(t)
-	dir := t.TempDir()
-	srv, err := fs.Mount(dir, b, fs.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatalf("mount: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
-	return dir
+	return fusetest.Mount(t, b, fs.Options{Timeout: time.Second})
 }
 
 func TestPeerMemory(t *testing.T) {

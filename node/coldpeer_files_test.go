@@ -18,17 +18,7 @@ import (
 // mountNode mounts n's files in a temporary directory.
 func mountNode(t *testing.T, n *Node) string {
 	t.Helper()
-	dir := t.TempDir()
-	srv, err := fs.Mount(dir, n, fs.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatalf("mount: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
-	return dir
+	return fusetest.Mount(t, n, fs.Options{Timeout: 5 * time.Second})
 }
 
 // statReadMem stats peers/<gid>/mem under dir, opens it and reads 8 bytes

@@ -11,11 +11,14 @@
 // It skips the test when the process is not root or /dev/fuse is missing,
 // unless KRFS_E2E=required says that the environment must have them (as
 // CI does), in which case the test fails instead of passing unnoticed.
+// Mount does that, then mounts a krfs tree for the length of the test.
 package fusetest
 
 import (
 	"os"
 	"testing"
+
+	"github.com/krfs/krfs/fs"
 )
 
 // Require skips (or, with KRFS_E2E=required, fails) t unless it can mount
@@ -35,4 +38,23 @@ func Require(t testing.TB) {
 		t.Fatalf("FUSE required (KRFS_E2E=required) but %s", why)
 	}
 	t.Skipf("FUSE unavailable: %s", why)
+}
+
+// Mount requires FUSE (see Require), mounts b's tree with options o in a
+// temporary directory, and unmounts it when t ends (an unmount error fails
+// t). It returns the mount point.
+func Mount(t testing.TB, b fs.Backend, o fs.Options) string {
+	t.Helper()
+	Require(t)
+	dir := t.TempDir()
+	srv, err := fs.Mount(dir, b, o)
+	if err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	return dir
 }
