@@ -91,6 +91,12 @@ func testRace(t *testing.T, c *cluster) {
 			t.Fatalf("raceboot -mode %s: %s", mode, out)
 		}
 	}
+	// The cold-peer benchmark runs (its figures are BENCHMARKS.md's).
+	out = c.mustSh(t, fmt.Sprintf("nsenter --net=/run/netns/ke%d-h3 %s -mode coldpeer -meta 10.78.0.254:4790 -listen 10.78.0.3:0 -nodes 1,2 -n 20",
+		os.Getpid()%100000, boot))
+	if !strings.Contains(out, `"iterations":20`) || !strings.Contains(out, `"warm_read8_p50_us"`) {
+		t.Fatalf("raceboot -mode coldpeer: %s", out)
+	}
 
 	// The check has teeth: clear one used slot of host 1's table.
 	clear := fmt.Sprintf(`import os, struct

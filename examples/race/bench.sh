@@ -28,7 +28,9 @@
 #                      first process is go-files-par (the daemon cold)
 #
 # and, once, raceboot -mode coldpeer: cold connect + first 8-byte READ
-# against one warm READ. "bootstrap" is measured inside the process (from
+# against one warm READ, interleaved with the same pattern of round trips
+# in raw UDP to echo servers (krfs-baseline serve) on the meta service's
+# host and the memory nodes' hosts: this run's floor. "bootstrap" is measured inside the process (from
 # its first line to the looked-up value); "process" from just before the
 # process is started to the value (interpreter or Go runtime start
 # included). Environment: MEMNODES, FRESH, REPS, KEYS, OUT (raw JSON lines),
@@ -111,7 +113,23 @@ for h in $(seq $((loader + 1)) "$hosts"); do
 		measure go-rc-par "$h" "$boot" -mode rc -parallel -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
 	done
 done
-in_host "$hosts" "$boot" -mode coldpeer -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$hosts:0" -nodes "$nodes" -n 300 >>"$OUT" ||
+# The UDP echo servers of the cold-peer floor: on the meta service's
+# host, then on every memory node's; each runs until its stdin closes.
+(cd "$top" && go build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline)
+echoes=
+for ns in meta $(seq 1 "$MEMNODES"); do
+	if [ "$ns" = meta ]; then ip=$KRFS_NET.254; else ip=$KRFS_NET.$ns; ns=h$ns; fi
+	fifo=$(mktemp -u /tmp/krfs-echo.XXXXXX)
+	mkfifo "$fifo"
+	nsenter --net="/run/netns/$KRFS_NS-$ns" "$top/bin/krfs-baseline" serve -addr "$ip" <"$fifo" >"$fifo.out" &
+	pids+=($!)
+	exec {fd}>"$fifo" # held open until this script exits
+	rm -f "$fifo"
+	for _ in $(seq 50); do [ -s "$fifo.out" ] && break; sleep 0.1; done
+	echoes+=$(sed -n 's/^udp=\([^ ]*\).*/\1/p' "$fifo.out"),
+	rm -f "$fifo.out"
+done
+in_host "$hosts" "$boot" -mode coldpeer -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$hosts:0" -nodes "$nodes" -n 300 -echo "${echoes%,}" >>"$OUT" ||
 	echo "bench.sh: raceboot -mode coldpeer failed" >&2
 
 python3 - "$OUT" "$MEMNODES" <<'EOF'
@@ -152,5 +170,8 @@ for r in rows:
     if r.get("mode") == "coldpeer":
         print("cold connect + first 8 B READ p50 %.1f us vs warm 8 B READ p50 %.1f us: %.2fx (target <= 2.3x), %d iterations" % (
             r["cold_connect_read8_p50_us"], r["warm_read8_p50_us"], r["ratio"], r["iterations"]))
+        if "udp_ratio" in r:
+            print("the same pattern in raw UDP (floor, interleaved): meta host + peer round trips p50 %.1f us vs one more to the peer p50 %.1f us: %.2fx" % (
+                r["udp_cold_pair_p50_us"], r["udp_warm_p50_us"], r["udp_ratio"]))
 EOF
 echo "raw: $OUT"

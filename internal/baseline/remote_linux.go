@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Remote baselines: the same UDP ping-pong and TCP request/response as
@@ -115,6 +117,59 @@ func (h Host) UDPPingPongTo(to netip.AddrPort, iters, size int) (Latencies, erro
 	sa.set(to)
 	return pingPong(cli, &sa, iters, size)
 }
+
+// Pinger makes single raw UDP round trips from one blocking socket to
+// any RemoteServer's echo, for callers that lay out their own pattern of
+// round trips (which echo, in what order, with what between them), such
+// as the cold-peer benchmark's "one round trip to the meta service's
+// host, then one to the peer's" beside krfs's meta READ and data READ.
+type Pinger struct {
+	cli       *udpSock
+	req, resp []byte
+	to        sockaddr
+}
+
+// NewPinger opens a Pinger bound to h's address whose round trips carry
+// size bytes.
+func (h Host) NewPinger(size int) (*Pinger, error) {
+	if err := checkUDPArgs("NewPinger", 1, size); err != nil {
+		return nil, err
+	}
+	a, err := h.addr()
+	if err != nil {
+		return nil, err
+	}
+	cli, err := openUDP(a, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Pinger{cli: cli, req: make([]byte, size), resp: make([]byte, size+1)}, nil
+}
+
+// RoundTrip sends one datagram to the echo at to and waits for it to come
+// back: the time from just before the sendto to just after the recvfrom.
+// A reply not back within a second is ErrNoReply.
+func (p *Pinger) RoundTrip(to netip.AddrPort) (time.Duration, error) {
+	p.to.set(to)
+	t0 := time.Now()
+	if err := sendto(p.cli.fd, p.req, &p.to); err != nil {
+		return 0, fmt.Errorf("baseline: Pinger sendto %v: %w", to, err)
+	}
+	n, err := recvfrom(p.cli.fd, p.resp, nil)
+	d := time.Since(t0)
+	switch {
+	case errors.Is(err, unix.EAGAIN):
+		return 0, fmt.Errorf("%w: UDP echo from %v not back within %v", ErrNoReply, to, udpTimeout)
+	case err != nil:
+		return 0, fmt.Errorf("baseline: Pinger recvfrom: %w", err)
+	case n != len(p.req):
+		return 0, fmt.Errorf("baseline: Pinger: echo of %d bytes from %v, want %d", n, to, len(p.req))
+	}
+	return d, nil
+}
+
+// Close closes the Pinger's socket.
+func (p *Pinger) Close() { p.cli.close() }
 
 // TCPBandwidthTo is TCPBandwidth against a RemoteServer's TCP server at to
 // (whose message size must be msgSize).

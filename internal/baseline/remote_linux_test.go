@@ -27,6 +27,35 @@ func TestRemoteServer(t *testing.T) {
 	}
 }
 
+// TestPinger makes round trips to two echo servers in turn, as the
+// cold-peer benchmark does, and checks that every one came back.
+func TestPinger(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	var echoes []netip.AddrPort
+	for range 2 {
+		s, err := StartRemoteServer(lo, 0, 0, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		echoes = append(echoes, s.UDPAddr())
+	}
+	p, err := Loopback.NewPinger(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for i := range 20 {
+		d, err := p.RoundTrip(echoes[i%2])
+		if err != nil || d <= 0 {
+			t.Fatalf("round trip %d: %v, %v", i, d, err)
+		}
+	}
+	if _, err := Loopback.NewPinger(0); err == nil {
+		t.Error("NewPinger(0) succeeded")
+	}
+}
+
 // TestFUSEFloor mounts the floor and checks that a pread returns what the
 // echo server sent back (so every read really made the round trip) and
 // that the latency and rate helpers run.

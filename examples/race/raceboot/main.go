@@ -51,6 +51,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs"
@@ -152,6 +153,10 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // noDrive is the -nodrive flag.
 var noDrive bool
 
+// echoes is the -echo flag: UDP echo servers (krfs-baseline serve) on the
+// meta service's host, then on each memory node's host in -nodes order.
+var echoes []netip.AddrPort
+
 func main() {
 	mode := flag.String("mode", "vqp", "files, vqp, rc or coldpeer")
 	metaAddr := flag.String("meta", "", "meta service HOST:PORT")
@@ -161,6 +166,16 @@ func main() {
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
 	mount := flag.String("mount", "", "files: this host's krfs mount directory")
 	flag.BoolVar(&noDrive, "nodrive", false, "synchronous callers wait for completions through the CQ's notification instead of receiving on their own goroutine (qpcore's NoDrive), for comparison")
+	flag.Func("echo", "coldpeer: UDP echo servers (krfs-baseline serve) on the meta service's host and on each memory node's host, in -nodes order (META,NODE1,...): the same pattern of round trips in raw UDP, interleaved, as this run's floor", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			a, err := netip.ParseAddrPort(f)
+			if err != nil {
+				return fmt.Errorf("want HOST:PORT,...: %w", err)
+			}
+			echoes = append(echoes, a)
+		}
+		return nil
+	})
 	parallel := flag.Bool("parallel", false, "connect to the memory nodes all at once (a goroutine each), not one after another")
 	flag.Parse()
 	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, *parallel, flag.Args()); err != nil {
@@ -495,8 +510,25 @@ func dirLookup(dir []byte, name string) (uint32, error) {
 }
 
 // coldPeer: per iteration and memory node, forget the peer, then time a
-// cold Connect + first 8-byte READ, then one warm 8-byte READ.
+// cold Connect + first 8-byte READ, then one warm 8-byte READ. With
+// -echo, each iteration is followed by the same pattern in raw UDP: one
+// round trip to the meta service's host and one to the memory node's
+// host (the cold pair), then one more to the memory node's host (the
+// warm one), each to an echo server whose thread slept since its last
+// turn, as the meta service's and the peer's did.
 func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, iters int) error {
+	var ping *baseline.Pinger
+	if len(echoes) > 0 {
+		if len(echoes) != len(gids)+1 {
+			return fmt.Errorf("-echo: want %d addresses (the meta host's, then one per node), got %d", len(gids)+1, len(echoes))
+		}
+		var err error
+		if ping, err = (baseline.Host{Addr: dev.Addr().Addr()}).NewPinger(8); err != nil {
+			return err
+		}
+		defer ping.Close()
+	}
+	var ucold, uwarm []time.Duration
 	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true, NoDrive: noDrive})
 	if err != nil {
 		return err
@@ -529,10 +561,31 @@ func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uin
 		v.Close()
 		cold, warm = append(cold, t1.Sub(t0)), append(warm, t2.Sub(t1))
 		conn, first = append(conn, tc.Sub(t0)), append(first, t1.Sub(tc))
+		if ping != nil {
+			peer := echoes[1+k%len(gids)]
+			m, err := ping.RoundTrip(echoes[0])
+			if err != nil {
+				return err
+			}
+			c, err := ping.RoundTrip(peer)
+			if err != nil {
+				return err
+			}
+			w, err := ping.RoundTrip(peer)
+			if err != nil {
+				return err
+			}
+			ucold, uwarm = append(ucold, m+c), append(uwarm, w)
+		}
 	}
 	p50 := func(d []time.Duration) float64 { slices.Sort(d); return us(d[len(d)/2]) }
 	c, w := p50(cold), p50(warm)
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{"mode": "coldpeer", "iterations": iters,
+	out := map[string]any{"mode": "coldpeer", "iterations": iters,
 		"cold_connect_read8_p50_us": c, "connect_p50_us": p50(conn), "first_read8_p50_us": p50(first),
-		"warm_read8_p50_us": w, "ratio": c / w, "target": 2.3})
+		"warm_read8_p50_us": w, "ratio": c / w, "target": 2.3}
+	if ping != nil {
+		uc, uw := p50(ucold), p50(uwarm)
+		out["udp_cold_pair_p50_us"], out["udp_warm_p50_us"], out["udp_ratio"] = uc, uw, uc/uw
+	}
+	return json.NewEncoder(os.Stdout).Encode(out)
 }
