@@ -7,7 +7,12 @@
 //
 // # Receive contract and zero-copy steering
 //
-// A link learns a packet's header before it places the payload. For every
+// A receiver that implements Predictor lets a link place payloads before
+// it has seen any header (one receive call per datagram; see Predictor);
+// the link still calls Steer and Deliver for every packet as below, after
+// the receive, and Steer then decides whether the prediction was right.
+// Without Predictor, a link learns a packet's header before it places the
+// payload. For every
 // packet it calls Receiver.Steer with the header bytes and the payload
 // length; Steer may return a slice of exactly that length (memory the
 // payload should land in, typically a registered MR: a READ response's
