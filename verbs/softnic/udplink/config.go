@@ -73,6 +73,7 @@ type Counters struct {
 	PMTUProbes     uint64 // route MTU look-ups (one per destination, again after TooBig)
 	TooBig         uint64 // packets the kernel refused with EMSGSIZE: larger than the path MTU (never fragmented)
 	Kicks          uint64 // Wake datagrams received (a driver blocked receiving had to look again)
+	RxTimeouts     uint64 // blocking receives that returned after rxWaitMax with nothing (they bound a lost kick)
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
 	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)

@@ -77,7 +77,7 @@ type counters struct {
 	truncated, rxBatches, rxSteered            atomic.Uint64
 	rxReassembled, rxMalformed, rxMispredicted atomic.Uint64
 	_                                          [64]byte
-	pmtuProbes, tooBig, kicks                  atomic.Uint64
+	pmtuProbes, tooBig, kicks, rxTimeouts      atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -130,6 +130,13 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 		setBuf(fd, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, buf)
 	}
 	l.rcvBuf, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	// A blocked receive returns at least every rxWaitMax, so that a lost
+	// kick (an input firewall may drop the link's datagram to itself)
+	// delays an interrupt by at most that much instead of forever.
+	tv := unix.NsecToTimeval(rxWaitMax.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return fmt.Errorf("udplink: SO_RCVTIMEO on %s: %w", ap, err)
+	}
 	l.sndBuf, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
 
 	var sa unix.Sockaddr
@@ -322,6 +329,7 @@ func (l *Link) Counters() Counters {
 		PMTUProbes:     c.pmtuProbes.Load(),
 		TooBig:         c.tooBig.Load(),
 		Kicks:          c.kicks.Load(),
+		RxTimeouts:     c.rxTimeouts.Load(),
 		TxGSOMessages:  c.txGSOMessages.Load(),
 		TxDrops:        c.txDrops.Load(),
 		GSOFallbacks:   c.gsoFallbacks.Load(),

@@ -11,6 +11,11 @@ import (
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
+// rxWaitMax bounds a blocking receive (SO_RCVTIMEO): the longest an
+// interrupt waits when its kick datagram was lost, at the cost of an idle
+// link waking this often.
+const rxWaitMax = 20 * time.Millisecond
+
 // predState is the memory of the predicted receive path (see "Predicted
 // receive" in the package doc); part of rxState, used only by the holder
 // of the receive token.
@@ -121,6 +126,11 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 	switch {
 	case l.closing.Load():
 		res = rxClosing
+	case errno == unix.EAGAIN && block:
+		// The receive timeout: a kick may have been lost; allow another.
+		l.kickPending.Store(false)
+		l.c.rxTimeouts.Add(1)
+		res = rxAgain
 	case errno == unix.EINTR || errno == unix.EAGAIN:
 		res = rxAgain
 	case errno == unix.EBADF:

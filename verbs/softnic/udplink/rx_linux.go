@@ -84,6 +84,10 @@ func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.
 	switch errno {
 	case 0:
 	case unix.EINTR, unix.EAGAIN:
+		if errno == unix.EAGAIN && flags == 0 {
+			l.kickPending.Store(false) // the receive timeout: a kick may have been lost
+			l.c.rxTimeouts.Add(1)
+		}
 		return rxAgain
 	case unix.EBADF:
 		return rxClosing // cannot happen while Close waits for us; do not spin
