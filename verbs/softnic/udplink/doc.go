@@ -49,7 +49,9 @@
 //     link.Interrupter), which kicks the blocked receiver with an empty
 //     datagram when it waits holding the lock. The receiver publishes
 //     that it will block before it calls Predict, so one side always sees
-//     the other.
+//     the other. A kick can be lost (an input firewall drops it), so every
+//     blocking receive returns after at most 20 ms (SO_RCVTIMEO, counted
+//     in Counters.RxTimeouts) and then allows a new kick.
 //   - With nothing predicted the receiver waits without RxLock. A READ
 //     request of at least predictKickMin (64 KiB) sent while it waits so
 //     kicks it first, so that it predicts the response's destination; a
