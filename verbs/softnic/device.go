@@ -61,23 +61,29 @@ type Device struct {
 	// of Deliver for one batch, and by anything that must not race with
 	// payload being placed into memory: MR deregistration, QP destruction
 	// and error flushes that complete READs. Lock order: rxMu, qp.mu,
-	// (cq.mu | srq.mu | mu).
-	rxMu      sync.Mutex
-	rxOut     outbox      // responses built by the receive path; guarded by rxMu
-	rxGen     uint64      // rxOut generation, bumped at each flush; guarded by rxMu
-	rxOutMem  bool        // rxOut holds READ responses that reference MR memory; guarded by rxMu
-	steerHdr  wire.Header // first header of the batch being steered; guarded by rxMu
-	steerLen  int         // payload length of the batch's first packet; guarded by rxMu
-	steerOK   bool
-	steered   []steeredRange // memory handed out by Steer in this batch; guarded by rxMu
-	delivered int            // index of the packet being delivered; guarded by rxMu
-	rxWCs     []pendingWC    // send completions held until rxOut is sent; guarded by rxMu
-	atomicMu  sync.Mutex     // serializes atomics on memory that is not 8-byte aligned
-	cm        cmState
-	sendMu    sync.Mutex // guards sendOut
-	sendOut   outbox
-	closeOnce sync.Once
-	auth      *authState // packet authentication, nil without a cluster key
+	// (cq.mu | srq.mu | mu). The link may hold it while blocked receiving
+	// into predicted memory (Predict): everything else takes it with
+	// lockRx, which makes the link let go.
+	rxMu       sync.Mutex
+	rxWant     atomic.Int32                     // lockRx callers waiting for rxMu; Predict declines while > 0
+	predictQP  atomic.Pointer[qp]               // the QP that last posted a READ: Predict looks there first
+	predictWQP atomic.Pointer[qp]               // the QP that last began a multi-packet WRITE as responder
+	rxIntr     atomic.Pointer[link.Interrupter] // the link's, from the first Predict; nil until then
+	rxOut      outbox                           // responses built by the receive path; guarded by rxMu
+	rxGen      uint64                           // rxOut generation, bumped at each flush; guarded by rxMu
+	rxOutMem   bool                             // rxOut holds READ responses that reference MR memory; guarded by rxMu
+	steerHdr   wire.Header                      // first header of the batch being steered; guarded by rxMu
+	steerLen   int                              // payload length of the batch's first packet; guarded by rxMu
+	steerOK    bool
+	steered    []steeredRange // memory handed out by Steer in this batch; guarded by rxMu
+	delivered  int            // index of the packet being delivered; guarded by rxMu
+	rxWCs      []pendingWC    // send completions held until rxOut is sent; guarded by rxMu
+	atomicMu   sync.Mutex     // serializes atomics on memory that is not 8-byte aligned
+	cm         cmState
+	sendMu     sync.Mutex // guards sendOut
+	sendOut    outbox
+	closeOnce  sync.Once
+	auth       *authState // packet authentication, nil without a cluster key
 
 	// Receive-path probes (see requester.onTimer): datagrams the device
 	// sends itself; one seen back proves that the receive path processed
@@ -233,7 +239,7 @@ func (d *Device) lookupQP(n uint32) *qp {
 // memory model, and so the race detector, then orders the NIC's accesses
 // and the caller's. It waits for the receive batch in progress.
 func (d *Device) SyncMemory() {
-	d.rxMu.Lock()
+	d.lockRx()
 	//lint:ignore SA2001 an empty critical section is the point
 	d.rxMu.Unlock()
 }
@@ -308,6 +314,53 @@ func (d *Device) Close() error {
 		}
 	})
 	return err
+}
+
+// lockRx takes rxMu from outside the receive path. A link blocked in a
+// predicted receive holds rxMu until a datagram arrives, so the request
+// is published first (Predict then declines) and the link is
+// interrupted; see link.Predictor.
+func (d *Device) lockRx() {
+	if d.rxMu.TryLock() {
+		return
+	}
+	d.rxWant.Add(1)
+	if in := d.rxIntr.Load(); in != nil {
+		(*in).InterruptRecv()
+	}
+	d.rxMu.Lock()
+	d.rxWant.Add(-1)
+}
+
+// Predict implements link.Predictor: the next response packets of the
+// oldest READ in progress on the QP that last posted a READ, else the
+// next packets of the WRITE message in progress on the QP that last
+// began one. Nothing is
+// predicted with a cluster key (payloads are verified before they land)
+// or while another goroutine waits for rxMu.
+func (d *Device) Predict(p []link.Prediction, in link.Interrupter) int {
+	if d.rxIntr.Load() == nil {
+		d.rxIntr.Store(&in)
+	}
+	if d.auth != nil || d.rxWant.Load() > 0 {
+		return 0
+	}
+	n := 0
+	if q := d.predictQP.Load(); q != nil {
+		q.mu.Lock()
+		if !q.dead && q.state == verbs.StateRTS {
+			n = q.req.predict(p)
+		}
+		q.mu.Unlock()
+	}
+	if q := d.predictWQP.Load(); n == 0 && q != nil {
+		q.mu.Lock()
+		if !q.dead {
+			n = q.predictWrite(p)
+		}
+		q.mu.Unlock()
+	}
+	return n
 }
 
 // RxLock implements link.Receiver.

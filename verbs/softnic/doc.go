@@ -85,7 +85,13 @@
 // (PostSend, PostRecv, Modify) run on the caller's goroutine and send
 // directly. Each QP has a mutex; the device's rxMu orders the receive path
 // against MR deregistration, QP destruction and error flushes (lock order
-// rxMu, qp.mu, then cq/srq/device mutexes). Completions the receive path
+// rxMu, qp.mu, then cq/srq/device mutexes). The device predicts where the
+// next payloads belong (link.Predictor: the oldest READ in progress, else
+// the WRITE message in progress), and the link may then hold rxMu while
+// blocked receiving into that memory; everything else takes rxMu with
+// lockRx, which makes Predict decline and interrupts the blocked receive.
+// WRITE payloads the engine copies are counted in Misplaced too.
+// Completions the receive path
 // produces are delivered after the packets it queued have been sent, so
 // the application owns a WR's memory again only when the NIC is done with
 // it. Device.SyncMemory orders the caller's memory accesses with the NIC's

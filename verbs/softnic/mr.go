@@ -82,7 +82,7 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 // remote access error.
 func (m *mr) Dereg() error {
 	d := m.dev
-	d.rxMu.Lock()
+	d.lockRx()
 	defer d.rxMu.Unlock()
 	if m.dead.Swap(true) {
 		return fmt.Errorf("%w: MR rkey %#x", verbs.ErrMRDead, m.rkey)

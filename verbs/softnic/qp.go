@@ -52,6 +52,7 @@ type qp struct {
 
 	mu    sync.Mutex // guards everything below
 	state verbs.QPState
+	wpred *respCtx // the context whose WRITE message Predict continues (responder)
 	attr  verbs.QPAttr
 	req   requester
 	resp  *respCtx                 // RC responder context
@@ -425,8 +426,10 @@ func (q *qp) Info() verbs.QPInfo {
 // as with ibv_destroy_qp; a receive in progress is waited for.
 func (q *qp) Destroy() error {
 	d := q.dev
-	d.rxMu.Lock()
+	d.lockRx()
 	defer d.rxMu.Unlock()
+	d.predictQP.CompareAndSwap(q, nil)
+	d.predictWQP.CompareAndSwap(q, nil)
 	q.mu.Lock()
 	if q.dead {
 		q.mu.Unlock()

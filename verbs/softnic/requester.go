@@ -141,6 +141,9 @@ func (r *requester) post(wr *verbs.SendWR) {
 		w.local = wr.Local.Bytes()
 	}
 	r.sq = append(r.sq, w)
+	if w.wr.Op == verbs.OpRead && len(w.local) > 0 {
+		r.q.dev.predictQP.Store(r.q)
+	}
 }
 
 // progress transmits what the window, the ORD limit, fences and the DCI
@@ -372,7 +375,7 @@ const MaxUncountedTimeouts = 16
 func (r *requester) onTimer() {
 	q := r.q
 	d := q.dev
-	d.rxMu.Lock()
+	d.lockRx()
 	defer d.rxMu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -593,6 +596,38 @@ func (r *requester) fromPeer(from netip.AddrPort, h *wire.Header) bool {
 	return from == q.attr.RemoteAddr && h.SrcQP == q.attr.RemoteQPN
 }
 
+// predict fills p with the expected next READ response packets: those of
+// the oldest READ in progress, from the first one not yet received (a
+// datagram never mixes two READs' responses, whose last packets differ
+// in size).
+func (r *requester) predict(p []link.Prediction) int {
+	hl := (&wire.Header{Op: wire.OpReadResp}).Len()
+	for i := 0; i < len(r.sq) && i <= r.tx; i++ {
+		w := r.sq[i]
+		if !w.assigned {
+			return 0
+		}
+		if w.wr.Op != verbs.OpRead || w.done || w.rsp >= w.npkts {
+			continue
+		}
+		if w.mr == nil || w.mr.dead.Load() || w.mtu == 0 {
+			return 0
+		}
+		n := 0
+		for k := w.rsp; k < w.npkts && n < len(p); k++ {
+			off := uint64(k) * uint64(w.mtu)
+			end := min(off+uint64(w.mtu), uint64(len(w.local)))
+			if off >= end {
+				break
+			}
+			p[n] = link.Prediction{HdrLen: hl, Payload: w.local[off:end]}
+			n++
+		}
+		return n
+	}
+	return 0
+}
+
 // steer returns where the READ response packet index of a received batch
 // should land, or nil. Only bytes not yet received are handed out.
 func (r *requester) steer(from netip.AddrPort, h *wire.Header, index, plen int) []byte {
@@ -762,7 +797,7 @@ var debugCheck func(r *requester, h *wire.Header)
 
 func (r *requester) onRNRTimer() {
 	q := r.q
-	q.dev.rxMu.Lock()
+	q.dev.lockRx()
 	defer q.dev.rxMu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()

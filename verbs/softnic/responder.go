@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
@@ -40,6 +41,7 @@ type respCtx struct {
 	msgOp wire.Opcode
 	wmem  []byte // WRITE target, the whole message
 	woff  int
+	wseg  int     // payload bytes per packet of the WRITE in progress (its first packet's)
 	rcv   recvWQE // SEND receive buffer
 	roff  int
 
@@ -249,7 +251,12 @@ func (q *qp) execWrite(c *respCtx, from netip.AddrPort, h *wire.Header, payload 
 			q.nakErr(c, from, h, synFor(why), why, out)
 			return
 		}
-		c.inMsg, c.msgOp, c.wmem, c.woff = true, wire.OpWrite, mem, 0
+		c.inMsg, c.msgOp, c.wmem, c.woff, c.wseg = true, wire.OpWrite, mem, 0, len(payload)
+		if len(payload) < len(mem) {
+			// More packets follow: Predict places them.
+			q.wpred = c
+			q.dev.predictWQP.Store(q)
+		}
 	} else if !c.inMsg || c.msgOp != wire.OpWrite {
 		q.nakErr(c, from, h, wire.SynNAKInv, verbs.ReasonInvalidOp, out)
 		return
@@ -276,6 +283,9 @@ func (q *qp) execWrite(c *respCtx, from netip.AddrPort, h *wire.Header, payload 
 	if dst := c.wmem[c.woff : c.woff+len(payload)]; !samePlace(dst, payload) {
 		q.dev.beforeMemWrite(out)
 		copy(dst, payload)
+		if len(payload) > 0 {
+			q.dev.stats.misplaced.Add(1)
+		}
 	}
 	c.woff += len(payload)
 	c.ePSN = wire.PSN(h.PSN).Add(1)
@@ -489,6 +499,27 @@ func (d *Device) execAtomic(mem []byte, op wire.Opcode, swapAdd, cmp uint64) uin
 		*(*uint64)(p) = swapAdd
 	}
 	return old
+}
+
+// predictWrite fills p with the expected next packets of the WRITE
+// message in progress on q.wpred: middle packets of its first packet's
+// payload size, at the next offsets of the target.
+func (q *qp) predictWrite(p []link.Prediction) int {
+	c := q.wpred
+	if c == nil || !c.inMsg || c.msgOp != wire.OpWrite || c.wseg <= 0 {
+		return 0
+	}
+	h := wire.Header{Op: wire.OpWrite}
+	if q.typ == verbs.DCT {
+		h.Flags = wire.FlagDC
+	}
+	hl := h.Len()
+	n := 0
+	for off := c.woff; off < len(c.wmem) && n < len(p); off += c.wseg {
+		p[n] = link.Prediction{HdrLen: hl, Payload: c.wmem[off:min(off+c.wseg, len(c.wmem))]}
+		n++
+	}
+	return n
 }
 
 // steerWrite returns where a WRITE packet's payload should land: only for

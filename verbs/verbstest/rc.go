@@ -118,6 +118,7 @@ func opsOver(e *env, a, b *node, send func(...verbs.SendWR), rq interface{ PostR
 	if !bytes.Equal(a.mem[:6400], b.mem[900_000:906_400]) {
 		e.t.Fatal("unsignaled READs of a batch did not all land")
 	}
+	a.sync() // the caller's next case WRITEs into what was just read
 	e.quiet(a.cq)
 }
 

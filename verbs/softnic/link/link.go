@@ -7,7 +7,12 @@
 //
 // # Receive contract and zero-copy steering
 //
-// A link learns a packet's header before it places the payload. For every
+// A receiver that implements Predictor lets a link place payloads before
+// it has seen any header (one receive call per datagram; see Predictor);
+// the link still calls Steer and Deliver for every packet as below, after
+// the receive, and Steer then decides whether the prediction was right.
+// Without Predictor, a link learns a packet's header before it places the
+// payload. For every
 // packet it calls Receiver.Steer with the header bytes and the payload
 // length; Steer may return a slice of exactly that length (memory the
 // payload should land in, typically a registered MR: a READ response's
@@ -124,6 +129,52 @@ type Receiver interface {
 	// Deliver hands over one received packet. hdr and payload are valid
 	// only during the call. Malformed packets are the receiver's to count.
 	Deliver(from netip.AddrPort, hdr []byte, payload []byte)
+}
+
+// Prediction is where a receiver expects the payload of one packet of the
+// next datagram: the packet's header length and its payload's memory.
+type Prediction struct {
+	HdrLen  int
+	Payload []byte
+}
+
+// Predictor is implemented by receivers that can say, before a datagram
+// arrives, where the payloads of its packets most likely belong (the next
+// bytes of the oldest READ in progress), so that a link receives each
+// datagram with one system call straight into place, with no header peek.
+//
+// Predict fills p with the expected packets of the next datagram in order
+// and returns how many it filled (0: no prediction); in is the link's
+// Interrupter (the same every call). The link calls it
+// with RxLock held and keeps RxLock held until it has received the
+// datagram and delivered it, so the predicted memory stays the receive
+// path's; it may block in its receive call meanwhile. The same rules as
+// for Steer apply: predict only memory that is not yet valid, since a
+// wrong prediction leaves garbage there. After the receive, the link
+// calls Steer and Deliver as usual; a packet counts as predicted only if
+// Steer returns exactly the predicted memory and its header has the
+// predicted length. Any other payload bytes the kernel placed in predicted
+// memory are copied where they belong, and counted. A receiver that does
+// not implement Predictor gets the peek path (two receive calls).
+//
+// A receiver that implements Predictor and locks out its receive path from
+// other goroutines must first make Predict return 0 (publish the request,
+// with a sequentially consistent atomic), then call InterruptRecv of the
+// Interrupter that Predict was given, then wait for the lock: a link
+// blocked in a predicted receive returns from it. (The Interrupter comes
+// with Predict rather than from the Link the receiver was opened with,
+// which may be a wrapper.)
+type Predictor interface {
+	Predict(p []Prediction, in Interrupter) int
+}
+
+// Interrupter is given by a link that may block in a receive call while
+// holding a Predictor's RxLock.
+type Interrupter interface {
+	// InterruptRecv makes a receive call blocked with a prediction return
+	// soon (for UDP, by sending the link an empty datagram). It costs one
+	// atomic load when no such call is blocked.
+	InterruptRecv()
 }
 
 // Clock is the time source of the softnic engine: the module's clock.Clock

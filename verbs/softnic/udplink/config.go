@@ -63,12 +63,19 @@ type Counters struct {
 
 	RxBatches     uint64 // datagrams that carried more than one packet (GRO)
 	RxSteered     uint64 // packets whose payload the kernel placed in steered memory
-	RxReassembled uint64 // steered packets whose header length was mispredicted, copied into scratch
-	RxMalformed   uint64 // packets delivered raw because their header did not parse
-	RxProbes      uint64 // receive-path probes the device sent itself (link.IsProbe), delivered raw, not malformed
-	PMTUProbes    uint64 // route MTU look-ups (one per destination, again after TooBig)
-	TooBig        uint64 // packets the kernel refused with EMSGSIZE: larger than the path MTU (never fragmented)
-	Kicks         uint64 // Wake datagrams received (a driver blocked receiving had to look again)
+	RxReassembled uint64 // steered packets whose header length was mispredicted, copied into scratch (peek path)
+	// RxMispredicted counts payloads the kernel placed in memory a
+	// link.Predictor predicted but that belonged elsewhere: each one was
+	// copied back into scratch (and from there by the receiver where it
+	// belongs). Zero while every prediction is right.
+	RxMispredicted uint64
+	RxMalformed    uint64 // packets delivered raw because their header did not parse
+	RxProbes       uint64 // receive-path probes the device sent itself (link.IsProbe), delivered raw, not malformed
+	PMTUProbes     uint64 // route MTU look-ups (one per destination, again after TooBig)
+	TooBig         uint64 // packets the kernel refused with EMSGSIZE: larger than the path MTU (never fragmented)
+	Kicks          uint64 // Wake datagrams received (a driver blocked receiving had to look again)
+	RxTimeouts     uint64 // blocking receives holding RxLock that returned after rxWaitMax with nothing (they bound a lost kick)
+	RxInterrupted  uint64 // blocking receives holding RxLock that a signal interrupted (EINTR: with a receive timeout the kernel does not restart them)
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
 	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)

@@ -15,13 +15,53 @@
 // (as plain IPv4). DefaultConfig turns GSO and GRO on and sizes the socket
 // buffers to 8 MiB; the zero Config turns both offloads off.
 //
-// # Receiving: header first, payload in place
+// # Receiving: one recvmsg per datagram, payload predicted in place
 //
 // One goroutine at a time receives: the holder of the receive token (see
 // "Run to completion"), which is the link's own goroutine, started by
 // Start, while nobody drives. It blocks in recvmsg on a blocking socket
 // (not in Go's netpoller, whose cross-CPU wake-ups cost more than the rest
-// of a round trip on a small machine), and per datagram it
+// of a round trip on a small machine).
+//
+// A Receiver that implements link.Predictor (softnic's Device does) gets
+// ONE recvmsg per datagram, with no peek. Before each receive the link
+// takes RxLock and asks Predict where the next packets' payloads belong
+// (the next bytes of the oldest READ in progress, else of the WRITE
+// message in progress), then receives with an iovec that scatters each
+// predicted payload straight into that memory and everything else into
+// the 64 KiB scratch buffer, laid out like the datagram; it keeps RxLock
+// while blocked. After the receive it calls Steer for every packet as
+// below; a packet whose payload landed in predicted memory that Steer
+// names for it, behind a header of the predicted length, is delivered in
+// place (Counters.RxSteered). Payload bytes that landed in predicted
+// memory they do not belong to (reordering, loss, duplicates, another
+// QP's packet, a different header length) are copied back into scratch
+// before anything is delivered and counted, one per packet, in
+// Counters.RxMispredicted; the receiver then places them (the engine
+// counts its own copy). Predicted memory that received the wrong bytes
+// holds garbage, which is allowed: predictions, like Steer, name only
+// memory that is not yet valid.
+//
+// Holding RxLock while blocked needs two hand-shakes:
+//   - Anything else that takes the receiver's lock (an error flush, MR
+//     deregistration, a retransmission timer) first publishes the wish,
+//     so that Predict returns 0, then calls InterruptRecv (Predict's
+//     link.Interrupter), which kicks the blocked receiver with an empty
+//     datagram when it waits holding the lock. The receiver publishes
+//     that it will block before it calls Predict, so one side always sees
+//     the other. A kick can be lost (an input firewall drops it), so a
+//     blocking receive that holds RxLock returns after at most 20 ms
+//     (SO_RCVTIMEO, counted in Counters.RxTimeouts) and then allows a new
+//     kick. The timeout is set only while the receiver blocks holding
+//     RxLock, with a system call only when that changes: a receiver that
+//     waits without it sleeps until a datagram comes.
+//   - With nothing predicted the receiver waits without RxLock. A READ
+//     request of at least predictKickMin (64 KiB) sent while it waits so
+//     kicks it first, so that it predicts the response's destination; a
+//     smaller response lands in scratch and is copied by the engine
+//     (counted in its Misplaced), which costs less than the extra wake-up.
+//
+// A Receiver without Predict gets the peek path; per datagram the link
 //
 //  1. peeks (MSG_PEEK|MSG_TRUNC) the first wire.MaxHeaderLen bytes, the
 //     source address, the datagram's total length and, with GRO, the

@@ -51,6 +51,9 @@ type Link struct {
 	// Receiving (see drive_linux.go). r and rx are set by Start; rx is used
 	// only by the holder of the receive token.
 	r           link.Receiver
+	pred        link.Predictor // r, if it predicts (then no datagram is peeked)
+	predBlocked atomic.Bool    // the receiver is (about to be) blocked in recvmsg holding r's RxLock
+	rxIdle      atomic.Bool    // the receiver is blocked in recvmsg with nothing predicted
 	rx          *rxState
 	tok         rxToken
 	kickAddr    netip.AddrPort
@@ -72,9 +75,10 @@ type counters struct {
 	_                                          [64]byte
 	rxDatagrams, rxBytes, rxSyscalls, rxErrors atomic.Uint64
 	truncated, rxBatches, rxSteered            atomic.Uint64
-	rxReassembled, rxMalformed, rxProbes       atomic.Uint64
+	rxReassembled, rxMalformed, rxMispredicted atomic.Uint64
+	rxProbes, rxInterrupted                    atomic.Uint64
 	_                                          [64]byte
-	pmtuProbes, tooBig, kicks                  atomic.Uint64
+	pmtuProbes, tooBig, kicks, rxTimeouts      atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -232,6 +236,7 @@ func (l *Link) Start(r link.Receiver) {
 	}
 	l.rxDone = make(chan struct{})
 	l.r = r
+	l.pred, _ = r.(link.Predictor)
 	l.rx = newRxState(l.fd)
 	go l.rxLoop(r, l.rx)
 }
@@ -309,23 +314,26 @@ func (l *Link) Counters() Counters {
 	c := &l.c
 	gsoMax := int(l.gsoMax.Load())
 	return Counters{
-		Stats:         l.Stats(),
-		RxBatches:     c.rxBatches.Load(),
-		RxSteered:     c.rxSteered.Load(),
-		RxReassembled: c.rxReassembled.Load(),
-		RxMalformed:   c.rxMalformed.Load(),
-		RxProbes:      c.rxProbes.Load(),
-		PMTUProbes:    c.pmtuProbes.Load(),
-		TooBig:        c.tooBig.Load(),
-		Kicks:         c.kicks.Load(),
-		TxGSOMessages: c.txGSOMessages.Load(),
-		TxDrops:       c.txDrops.Load(),
-		GSOFallbacks:  c.gsoFallbacks.Load(),
-		GSO:           gsoMax > 0,
-		GSOMaxSegment: gsoMax,
-		GRO:           l.gro,
-		GROError:      l.groErr,
-		RcvBuf:        l.rcvBuf,
-		SndBuf:        l.sndBuf,
+		Stats:          l.Stats(),
+		RxBatches:      c.rxBatches.Load(),
+		RxSteered:      c.rxSteered.Load(),
+		RxReassembled:  c.rxReassembled.Load(),
+		RxMispredicted: c.rxMispredicted.Load(),
+		RxMalformed:    c.rxMalformed.Load(),
+		RxProbes:       c.rxProbes.Load(),
+		PMTUProbes:     c.pmtuProbes.Load(),
+		TooBig:         c.tooBig.Load(),
+		Kicks:          c.kicks.Load(),
+		RxTimeouts:     c.rxTimeouts.Load(),
+		RxInterrupted:  c.rxInterrupted.Load(),
+		TxGSOMessages:  c.txGSOMessages.Load(),
+		TxDrops:        c.txDrops.Load(),
+		GSOFallbacks:   c.gsoFallbacks.Load(),
+		GSO:            gsoMax > 0,
+		GSOMaxSegment:  gsoMax,
+		GRO:            l.gro,
+		GROError:       l.groErr,
+		RcvBuf:         l.rcvBuf,
+		SndBuf:         l.sndBuf,
 	}
 }

@@ -38,6 +38,9 @@ type rxState struct {
 	iov     [2*maxRxSegs + 1]unix.Iovec
 	steered [maxRxSegs][]byte // Steer's result per packet of the current datagram; nil when none
 
+	pr          predState // the predicted receive path's (predict_linux.go)
+	waitBounded bool      // SO_RCVTIMEO is set (boundWait)
+
 	scratch [scratchLen]byte // the datagram, laid out as on the wire, minus steered payloads
 }
 
@@ -49,6 +52,7 @@ func newRxState(fd int) *rxState {
 	rx.peekMsg.SetIovlen(1)
 	rx.peekMsg.Control = (*byte)(unsafe.Pointer(&rx.ctrl[0]))
 	rx.msg.Iov = &rx.iov[0]
+	rx.initPredict()
 	return rx
 }
 
@@ -67,6 +71,9 @@ const (
 // soon as the wait is over, before anything is delivered (deliveries may
 // call Wake, which must not kick a receiver that is awake).
 func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.Bool) rxResult {
+	if l.pred != nil {
+		return l.recvOnePredicted(r, l.pred, rx, flags, blocked)
+	}
 	total, gso, errno := rx.peek(flags)
 	if blocked != nil {
 		blocked.Store(false)
@@ -78,6 +85,10 @@ func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.
 	switch errno {
 	case 0:
 	case unix.EINTR, unix.EAGAIN:
+		if errno == unix.EAGAIN && flags == 0 {
+			l.kickPending.Store(false) // the receive timeout: a kick may have been lost
+			l.c.rxTimeouts.Add(1)
+		}
 		return rxAgain
 	case unix.EBADF:
 		return rxClosing // cannot happen while Close waits for us; do not spin
@@ -209,9 +220,13 @@ func (rx *rxState) peek(flags int) (total, gso int, errno unix.Errno) {
 }
 
 // groSize finds the UDP_GRO control message of the last peek.
-func (rx *rxState) groSize() int {
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&rx.ctrl[0])), len(rx.ctrl)*8)
-	b = b[:min(int(rx.peekMsg.Controllen), len(b))]
+func (rx *rxState) groSize() int { return groSizeOf(&rx.ctrl, int(rx.peekMsg.Controllen)) }
+
+// groSizeOf finds the UDP_GRO control message in the first n bytes of
+// ctrl (0 if there is none).
+func groSizeOf(ctrl *[8]uint64, n int) int {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&ctrl[0])), len(ctrl)*8)
+	b = b[:min(n, len(b))]
 	for len(b) >= cmsgDataOff {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
 		n := int(h.Len)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
 const (
@@ -56,10 +57,36 @@ func (l *Link) Send(pkts []link.Packet) error {
 	if l.fd < 0 || l.closing.Load() {
 		return ErrClosed
 	}
+	if l.rxIdle.Load() && bigReadRequest(pkts) {
+		// The receiver waits with nothing predicted: make it predict the
+		// READ's destination before the response arrives.
+		l.kick()
+	}
 	st := txPool.Get().(*txState)
 	err := l.send(st, pkts)
 	txPool.Put(st)
 	return err
+}
+
+// predictKickMin is the smallest READ whose request makes Send kick a
+// receiver that waits with no prediction, so that the response lands in
+// place: below it, the response's copy out of scratch (counted) costs
+// less than the receiver's extra wake-up.
+const predictKickMin = 64 << 10
+
+// bigReadRequest reports whether pkts hold a READ request of at least
+// predictKickMin bytes.
+func bigReadRequest(pkts []link.Packet) bool {
+	for i := range pkts {
+		hdr := pkts[i].Hdr
+		if len(hdr) < 3 || wire.Opcode(hdr[2]) != wire.OpReadReq {
+			continue
+		}
+		if h, _, err := wire.Parse(hdr); err == nil && h.DMALen >= predictKickMin {
+			return true
+		}
+	}
+	return false
 }
 
 // send builds messages in st and flushes them whenever st is full. fdMu is
