@@ -145,7 +145,11 @@ type Prediction struct {
 //
 // Predict fills p with the expected packets of the next datagram in order
 // and returns how many it filled (0: no prediction); in is the link's
-// Interrupter (the same every call). The link calls it
+// Interrupter (the same every call). queued says that a datagram is
+// known to be waiting (the link receives without blocking): Predict must
+// then not wait for anything (a lock held by a poster, say), but answer
+// 0 rather than keep the datagram waiting; when queued is false the
+// receive would block anyway, and Predict may wait. The link calls it
 // with RxLock held and keeps RxLock held until it has received the
 // datagram and delivered it, so the predicted memory stays the receive
 // path's; it may block in its receive call meanwhile. The same rules as
@@ -165,7 +169,7 @@ type Prediction struct {
 // with Predict rather than from the Link the receiver was opened with,
 // which may be a wrapper.)
 type Predictor interface {
-	Predict(p []Prediction, in Interrupter) int
+	Predict(p []Prediction, in Interrupter, queued bool) int
 }
 
 // Interrupter is given by a link that may block in a receive call while

@@ -122,7 +122,7 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 		l.predBlocked.Store(true)
 		l.rxIdle.Store(true)
 	}
-	n := pr.Predict(rx.pr.pred[:], l)
+	n := pr.Predict(rx.pr.pred[:], l, !block)
 	if block {
 		if n > 0 {
 			l.rxIdle.Store(false)

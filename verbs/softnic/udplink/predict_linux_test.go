@@ -39,7 +39,7 @@ func newPredictor(slots, plen int) *predictor {
 	return &predictor{collector: c, hl: len(hdr(wire.OpReadResp, 0, 0)), plen: plen}
 }
 
-func (p *predictor) Predict(out []link.Prediction, in link.Interrupter) int {
+func (p *predictor) Predict(out []link.Prediction, in link.Interrupter, _ bool) int {
 	if p.in.Load() == nil {
 		p.in.Store(&in)
 	}
