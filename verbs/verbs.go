@@ -458,7 +458,7 @@ type DeviceStats struct {
 	NoQP                 uint64 // packets for an unknown QPN
 	DCKeyRejects         uint64
 	Retransmits          uint64
-	Misplaced            uint64 // payload segments that landed where steering did not expect
+	Misplaced            uint64 // payload copies the NIC made because a segment landed where steering or prediction did not expect (a mispredicted one may be copied twice)
 	BadMAC               uint64 // packets dropped for a missing or wrong cluster-key MAC
 	QPs, MRs             int
 	MRBytes              uint64

@@ -260,7 +260,7 @@ func (d *Device) Stats() verbs.DeviceStats {
 	s.NoQP = d.stats.noQP.Load()
 	s.DCKeyRejects = d.stats.dcKeyRejects.Load()
 	s.Retransmits = d.stats.retransmits.Load()
-	s.Misplaced = d.stats.misplaced.Load()
+	s.Misplaced = d.stats.misplaced.Load() + ls.RxCopies
 	s.BadMAC = d.stats.badMAC.Load()
 	if a := d.AuthStats(); d.auth != nil {
 		s.BadMAC += a.BadTag + a.NoSession + a.WrongSource + a.Replayed + a.StaleInit

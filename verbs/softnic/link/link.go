@@ -89,6 +89,7 @@ type Stats struct {
 	TxSyscalls, RxSyscalls   uint64
 	TxErrors, RxErrors       uint64
 	Truncated                uint64 // datagrams too large for the receive buffers
+	RxCopies                 uint64 // payload segments the link copied: received into predicted memory they did not belong to (Predictor), copied back
 }
 
 // Driver is implemented by links whose receive call can run on the

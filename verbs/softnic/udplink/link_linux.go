@@ -306,6 +306,7 @@ func (l *Link) Stats() link.Stats {
 		TxErrors:    c.txErrors.Load(),
 		RxErrors:    c.rxErrors.Load(),
 		Truncated:   c.truncated.Load(),
+		RxCopies:    c.rxMispredicted.Load(),
 	}
 }
 
