@@ -52,9 +52,10 @@
 //     the other. A kick can be lost (an input firewall drops it), so a
 //     blocking receive that holds RxLock returns after at most 20 ms
 //     (SO_RCVTIMEO, counted in Counters.RxTimeouts) and then allows a new
-//     kick. The timeout is set only while the receiver blocks holding
-//     RxLock, with a system call only when that changes: a receiver that
-//     waits without it sleeps until a datagram comes.
+//     kick. The timeout is set when a receiver blocks holding RxLock and
+//     cleared once a wait without RxLock has timed out (the link was idle
+//     for 20 ms): an idle link wakes once, then sleeps until a datagram
+//     comes, and a busy one does not toggle it per READ.
 //   - With nothing predicted the receiver waits without RxLock. A READ
 //     request of at least predictKickMin (64 KiB) sent while it waits so
 //     kicks it first, so that it predicts the response's destination; a

@@ -70,12 +70,16 @@ func (rx *rxState) layout(n int) {
 }
 
 // boundWait sets the socket's receive timeout (SO_RCVTIMEO) to rxWaitMax
-// when the blocking receive about to start holds RxLock, and clears it
-// otherwise, with a system call only when that changes: a kick can be lost
-// (an input firewall may drop the link's datagram to itself), and a
-// receiver holding RxLock must then still let go after at most rxWaitMax,
-// while one that waits without it has no reason to wake (an idle link
-// sleeps). rx.waitBounded, like rx, belongs to the token holder.
+// (bounded) or clears it, with a system call only when that changes. A
+// kick can be lost (an input firewall may drop the link's datagram to
+// itself), so a receive that blocks holding RxLock must be bounded: it
+// then lets go after at most rxWaitMax. The timeout is set when such a
+// receive starts and cleared only after a receive without RxLock timed
+// out, that is after the link has been idle for rxWaitMax: a busy link
+// does not switch it back and forth between READs (two system calls per
+// READ when the receive goroutine alternates between waiting with and
+// without a prediction), and an idle one wakes once, then sleeps.
+// rx.waitBounded, like rx, belongs to the token holder.
 func (l *Link) boundWait(rx *rxState, holding bool) {
 	if rx.waitBounded == holding {
 		return
@@ -134,8 +138,8 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 			locked = false
 		}
 	}
-	if block {
-		l.boundWait(rx, locked)
+	if block && locked {
+		l.boundWait(rx, true)
 	}
 	rx.layout(n)
 	total, gso, errno := rx.recvPredicted(flags)
@@ -153,8 +157,13 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 		res = rxClosing
 	case errno == unix.EAGAIN && block:
 		// The receive timeout: a kick may have been lost; allow another.
+		// A wait without RxLock that timed out found the link idle for
+		// rxWaitMax: the next one need not wake.
 		l.kickPending.Store(false)
 		l.c.rxTimeouts.Add(1)
+		if !locked {
+			l.boundWait(rx, false)
+		}
 		res = rxAgain
 	case errno == unix.EINTR:
 		if rx.waitBounded {

@@ -337,31 +337,57 @@ func TestLostKickIsBounded(t *testing.T) {
 	}
 }
 
-// TestIdleReceiveIsUnbounded: a receiver blocked with nothing predicted
-// does not hold RxLock, so its wait has no timeout (an idle link sleeps);
-// one blocked holding RxLock has one.
+// TestIdleReceiveIsUnbounded: a receiver that never held RxLock while
+// blocked waits with no timeout (an idle link sleeps); one blocked holding
+// RxLock has one; once it waits without RxLock again, the first timeout
+// (the link idle for rxWaitMax) clears it.
 func TestIdleReceiveIsUnbounded(t *testing.T) {
 	checkGoroutines(t)
-	for _, predict := range []bool{false, true} {
-		b := openLink(t, Config{Addr: loopback})
-		p := newPredictor(4, 100)
-		if !predict {
-			p.want.Store(1) // Predict declines
-		}
-		b.Start(p)
-		deadline := time.Now().Add(time.Minute) // a hang guard
-		for !b.bgInRecv.Load() || (predict && !b.predBlocked.Load()) {
-			if time.Now().After(deadline) {
-				t.Fatal("the receiver never blocked")
-			}
-			time.Sleep(time.Millisecond)
-		}
+	timeout := func(b *Link) bool {
+		t.Helper()
 		tv, err := unix.GetsockoptTimeval(b.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bounded := tv.Sec != 0 || tv.Usec != 0; bounded != predict {
-			t.Errorf("predicting %v: receive timeout %v, want one: %v", predict, tv, predict)
+		return tv.Sec != 0 || tv.Usec != 0
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute) // a hang guard
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+			time.Sleep(time.Millisecond)
 		}
+	}
+
+	b := openLink(t, Config{Addr: loopback})
+	p := newPredictor(4, 100)
+	p.want.Store(1) // Predict declines
+	b.Start(p)
+	waitFor("the receiver never blocked", b.bgInRecv.Load)
+	if timeout(b) {
+		t.Error("a receiver that never predicted waits with a timeout")
+	}
+
+	b = openLink(t, Config{Addr: loopback})
+	p = newPredictor(4, 100)
+	b.Start(p)
+	waitFor("the receiver never blocked with a prediction", func() bool { return p.in.Load() != nil && b.predBlocked.Load() })
+	if !timeout(b) {
+		t.Error("a receiver blocked holding RxLock waits without a timeout")
+	}
+	// Predict declines from now on; the interrupted receiver waits without
+	// RxLock, times out once (idle), and then without a timeout.
+	p.want.Add(1)
+	(*p.in.Load()).InterruptRecv()
+	p.rxMu.Lock()
+	p.rxMu.Unlock()
+	t0 := b.Counters().RxTimeouts
+	waitFor("the idle receiver never timed out", func() bool { return b.Counters().RxTimeouts > t0 })
+	waitFor("the receiver never blocked again", b.bgInRecv.Load)
+	if timeout(b) {
+		t.Error("the receive timeout stayed set after the link went idle")
 	}
 }
