@@ -383,8 +383,8 @@ func TestIdleReceiveIsUnbounded(t *testing.T) {
 	p.want.Add(1)
 	(*p.in.Load()).InterruptRecv()
 	p.rxMu.Lock()
+	t0 := b.Counters().RxTimeouts // the receiver has let go of RxLock
 	p.rxMu.Unlock()
-	t0 := b.Counters().RxTimeouts
 	waitFor("the idle receiver never timed out", func() bool { return b.Counters().RxTimeouts > t0 })
 	waitFor("the receiver never blocked again", b.bgInRecv.Load)
 	if timeout(b) {
