@@ -101,14 +101,7 @@ func (s *RemoteServer) Close() error {
 // UDPPingPongTo is UDPPingPong against a RemoteServer's echo at to, with
 // the client bound to h's address.
 func (h Host) UDPPingPongTo(to netip.AddrPort, iters, size int) (Latencies, error) {
-	if err := checkUDPArgs("UDPPingPongTo", iters, size); err != nil {
-		return nil, err
-	}
-	a, err := h.addr()
-	if err != nil {
-		return nil, err
-	}
-	cli, err := openUDP(a, 0)
+	cli, err := h.udpClient("UDPPingPongTo", iters, size)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +109,19 @@ func (h Host) UDPPingPongTo(to netip.AddrPort, iters, size int) (Latencies, erro
 	var sa sockaddr
 	sa.set(to)
 	return pingPong(cli, &sa, iters, size)
+}
+
+// udpClient checks a UDP client's arguments (what is the caller's name
+// for errors) and opens its socket on h's address.
+func (h Host) udpClient(what string, count, size int) (*udpSock, error) {
+	if err := checkUDPArgs(what, count, size); err != nil {
+		return nil, err
+	}
+	a, err := h.addr()
+	if err != nil {
+		return nil, err
+	}
+	return openUDP(a, 0)
 }
 
 // Pinger makes single raw UDP round trips from one blocking socket to
@@ -132,14 +138,7 @@ type Pinger struct {
 // NewPinger opens a Pinger bound to h's address whose round trips carry
 // size bytes.
 func (h Host) NewPinger(size int) (*Pinger, error) {
-	if err := checkUDPArgs("NewPinger", 1, size); err != nil {
-		return nil, err
-	}
-	a, err := h.addr()
-	if err != nil {
-		return nil, err
-	}
-	cli, err := openUDP(a, 0)
+	cli, err := h.udpClient("NewPinger", 1, size)
 	if err != nil {
 		return nil, err
 	}

@@ -278,59 +278,26 @@ func (l *Link) placePredicted(r link.Receiver, rx *rxState, total, gso int) {
 	}
 	mispredicted += rx.restore(limit)
 
-	var steered, malformed, probes uint64
+	n := rxCounts{mispredicted: mispredicted}
 	if total == 0 {
 		r.Deliver(from, rx.scratch[:0], nil)
-		malformed++
+		n.malformed++
 	}
 	for i := 0; i < nseg; i++ {
 		off := i * seg
 		b := rx.scratch[off : off+min(seg, limit-off)]
 		if i < maxRxSegs && rx.steered[i] != nil {
 			r.Deliver(from, b[:h], rx.steered[i])
-			steered++
+			n.steered++
 			continue
 		}
-		hl, err := wire.HeaderLen(b)
-		if err != nil || hl > len(b) {
-			r.Deliver(from, b, nil)
-			if link.IsProbe(b) {
-				probes++
-			} else {
-				malformed++
-			}
-			continue
-		}
-		r.Deliver(from, b[:hl], b[hl:])
+		n.deliver(r, from, b)
 	}
 	clear(rx.steered[:min(nseg, maxRxSegs)])
 	clear(p.reg[:p.nreg])
 	p.nreg = 0
 	clear(rx.iov[:])
-
-	if limit < total {
-		l.c.truncated.Add(1)
-	}
-	if nseg > 1 {
-		l.c.rxBatches.Add(1)
-	}
-	if total == 0 {
-		nseg = 1
-	}
-	l.c.rxDatagrams.Add(uint64(nseg))
-	l.c.rxBytes.Add(uint64(limit))
-	if steered != 0 {
-		l.c.rxSteered.Add(steered)
-	}
-	if mispredicted != 0 {
-		l.c.rxMispredicted.Add(mispredicted)
-	}
-	if malformed != 0 {
-		l.c.rxMalformed.Add(malformed)
-	}
-	if probes != 0 {
-		l.c.rxProbes.Add(probes)
-	}
+	l.count(total, limit, nseg, &n)
 }
 
 // restore copies the bytes the kernel placed in every region not marked

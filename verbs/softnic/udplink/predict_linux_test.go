@@ -279,15 +279,13 @@ func TestPredictedReceiveGROBatch(t *testing.T) {
 	}
 }
 
-// TestInterruptPredictedReceive: a receiver blocked holding RxLock with a
-// prediction gives it up when another goroutine publishes that it wants
-// the lock and calls InterruptRecv, with no datagram from anyone else.
-func TestInterruptPredictedReceive(t *testing.T) {
-	checkGoroutines(t)
+// blockedPredicting starts a link whose receiver predicts and returns
+// once it is blocked receiving with a prediction (and so holds RxLock).
+func blockedPredicting(t *testing.T) (*Link, *predictor) {
+	t.Helper()
 	b := openLink(t, Config{Addr: loopback})
 	p := newPredictor(4, 100)
 	b.Start(p)
-	// Wait until the receiver has predicted (and so holds RxLock, blocked).
 	deadline := time.Now().Add(time.Minute) // a hang guard
 	for p.in.Load() == nil || !b.predBlocked.Load() {
 		if time.Now().After(deadline) {
@@ -295,6 +293,15 @@ func TestInterruptPredictedReceive(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	return b, p
+}
+
+// TestInterruptPredictedReceive: a receiver blocked holding RxLock with a
+// prediction gives it up when another goroutine publishes that it wants
+// the lock and calls InterruptRecv, with no datagram from anyone else.
+func TestInterruptPredictedReceive(t *testing.T) {
+	checkGoroutines(t)
+	b, p := blockedPredicting(t)
 	for i := 0; i < 20; i++ {
 		p.want.Add(1)
 		(*p.in.Load()).InterruptRecv()
@@ -316,16 +323,7 @@ func TestInterruptPredictedReceive(t *testing.T) {
 // it ends (counted in RxTimeouts).
 func TestLostKickIsBounded(t *testing.T) {
 	checkGoroutines(t)
-	b := openLink(t, Config{Addr: loopback})
-	p := newPredictor(4, 100)
-	b.Start(p)
-	deadline := time.Now().Add(time.Minute) // a hang guard
-	for p.in.Load() == nil || !b.predBlocked.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("the receiver never blocked with a prediction")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	b, p := blockedPredicting(t)
 	b.kickPending.Store(true) // as if a kick were in flight: InterruptRecv sends none
 	p.want.Add(1)
 	(*p.in.Load()).InterruptRecv()

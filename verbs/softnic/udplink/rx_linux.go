@@ -1,6 +1,7 @@
 package udplink
 
 import (
+	"net/netip"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -311,9 +312,9 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 	}
 
 	nsteer := min(nseg, maxRxSegs) // entries of rx.steered to clear
-	n, errno := rx.consume(niov)
+	got, errno := rx.consume(niov)
 	l.c.rxSyscalls.Add(1)
-	if errno != 0 || n != limit {
+	if errno != 0 || got != limit {
 		// Cannot happen for a datagram the peek saw (the peek already
 		// verified its checksum); deliver nothing rather than a guess.
 		l.c.rxErrors.Add(1)
@@ -323,11 +324,11 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 		return
 	}
 
-	var steered, reassembled, malformed, probes uint64
+	var n rxCounts
 	if total == 0 {
 		// An empty datagram is malformed too.
 		r.Deliver(from, rx.scratch[:0], nil)
-		malformed++
+		n.malformed++
 	}
 	for i := 0; i < nseg; i++ {
 		off := i * seg
@@ -336,29 +337,46 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 			dst := rx.steered[i]
 			if hl, err := wire.HeaderLen(b[:h]); err == nil && hl == h {
 				r.Deliver(from, b[:h], dst)
-				steered++
+				n.steered++
 				continue
 			}
 			// Mispredicted: put the packet back together in scratch.
 			copy(b[h:], dst)
-			reassembled++
+			n.reassembled++
 		}
-		hl, err := wire.HeaderLen(b)
-		if err != nil || hl > len(b) {
-			r.Deliver(from, b, nil)
-			if link.IsProbe(b) {
-				probes++
-			} else {
-				malformed++
-			}
-			continue
-		}
-		r.Deliver(from, b[:hl], b[hl:])
+		n.deliver(r, from, b)
 	}
 	clear(rx.steered[:nsteer])
 	clear(rx.iov[:niov])
 	r.RxUnlock()
+	l.count(total, limit, nseg, &n)
+}
 
+// rxCounts are what one datagram's delivery adds to the counters.
+type rxCounts struct {
+	steered, reassembled, mispredicted, malformed, probes uint64
+}
+
+// deliver delivers packet b, which is in scratch as on the wire: split
+// at its header, or whole (counted as a probe or malformed) if the header
+// does not parse.
+func (n *rxCounts) deliver(r link.Receiver, from netip.AddrPort, b []byte) {
+	hl, err := wire.HeaderLen(b)
+	if err != nil || hl > len(b) {
+		r.Deliver(from, b, nil)
+		if link.IsProbe(b) {
+			n.probes++
+		} else {
+			n.malformed++
+		}
+		return
+	}
+	r.Deliver(from, b[:hl], b[hl:])
+}
+
+// count adds one received datagram to the counters: total bytes on the
+// wire, limit of them taken, nseg packets.
+func (l *Link) count(total, limit, nseg int, n *rxCounts) {
 	if limit < total {
 		l.c.truncated.Add(1)
 	}
@@ -370,16 +388,13 @@ func (l *Link) receive(r link.Receiver, rx *rxState, total, gso int) {
 	}
 	l.c.rxDatagrams.Add(uint64(nseg))
 	l.c.rxBytes.Add(uint64(limit))
-	if steered != 0 {
-		l.c.rxSteered.Add(steered)
-	}
-	if reassembled != 0 {
-		l.c.rxReassembled.Add(reassembled)
-	}
-	if malformed != 0 {
-		l.c.rxMalformed.Add(malformed)
-	}
-	if probes != 0 {
-		l.c.rxProbes.Add(probes)
+	for _, c := range [...]struct {
+		v uint64
+		c *atomic.Uint64
+	}{{n.steered, &l.c.rxSteered}, {n.reassembled, &l.c.rxReassembled}, {n.mispredicted, &l.c.rxMispredicted},
+		{n.malformed, &l.c.rxMalformed}, {n.probes, &l.c.rxProbes}} {
+		if c.v != 0 {
+			c.c.Add(c.v)
+		}
 	}
 }
