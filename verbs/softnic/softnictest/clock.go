@@ -30,7 +30,9 @@ var Epoch = time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
 // The packet deliveries of every Network built on the clock are events of
 // the clock too: Advance delivers a packet when time reaches its due time,
 // and a packet due at the same instant as a timer is delivered before the
-// timer fires.
+// timer fires. Time does not move while any delivery is in progress, on
+// whatever goroutine (an AutoFlush link's included), so a Receiver's
+// answers go out at the instant its packet was due.
 type ManualClock struct {
 	// advMu serializes Advance and RunNext: one goroutine moves time.
 	advMu sync.Mutex

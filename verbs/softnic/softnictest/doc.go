@@ -37,6 +37,7 @@
 // Config.AutoFlush, each link also gets a goroutine that delivers what is
 // due at the current manual time, for engines that do their own work in
 // goroutines; order per link is kept, determinism across links is not.
+// The clock still does not move while such a delivery is in progress.
 //
 // In real time (Config.Clock nil) each started link has one goroutine that
 // delivers its queued packets when they fall due. Real time also works in

@@ -169,6 +169,12 @@ type Network struct {
 	isolated map[netip.AddrPort]bool
 	counts   counts
 	closed   bool
+
+	// delivering counts batches taken off a queue and not yet finished
+	// (handed to their Receiver, which may be answering them); settled is
+	// broadcast when it drops to zero.
+	delivering int
+	settled    sync.Cond // L is &mu
 }
 
 // NewNetwork returns an empty network.
@@ -192,6 +198,7 @@ func NewNetwork(cfg Config) *Network {
 		cuts:     make(map[pair]bool),
 		isolated: make(map[netip.AddrPort]bool),
 	}
+	n.settled.L = &n.mu
 	if cfg.Clock != nil {
 		n.manual = cfg.Clock
 		n.clock = cfg.Clock
@@ -504,9 +511,17 @@ func (n *Network) enqueueLocked(dst, src *Link, from netip.AddrPort, at time.Tim
 }
 
 // nextDue returns the earliest due time of a packet at a started link.
+// It first waits until no batch is being delivered, so that a manual clock
+// does not move while a Receiver handles a packet due now (an AutoFlush
+// link's goroutine may have taken it off the queue): the Receiver's
+// answers are sent, and its timers armed, at the instant the packet was
+// due, however the goroutines are scheduled.
 func (n *Network) nextDue() (at time.Time, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for n.delivering > 0 {
+		n.settled.Wait()
+	}
 	for _, l := range n.order {
 		if l.started && len(l.queue) > 0 && (!ok || l.queue[0].at.Before(at)) {
 			at, ok = l.queue[0].at, true
@@ -553,6 +568,7 @@ func (n *Network) popBatch(l *Link, now time.Time, batch []*packet) ([]*packet, 
 			break // a shorter segment ends a GRO batch
 		}
 	}
+	n.delivering++
 	return batch, l.recv
 }
 
@@ -561,6 +577,9 @@ func (n *Network) popBatch(l *Link, now time.Time, batch []*packet) ([]*packet, 
 func (n *Network) finishBatch(l *Link, batch []*packet, rx *rxCounts) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.delivering--; n.delivering == 0 {
+		n.settled.Broadcast()
+	}
 	l.stats.RxSyscalls++
 	for i, p := range batch {
 		l.stats.RxDatagrams++

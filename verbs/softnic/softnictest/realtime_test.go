@@ -1,7 +1,9 @@
 package softnictest
 
 import (
+	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -140,4 +142,45 @@ func TestConcurrentSendersInRealTime(t *testing.T) {
 	n.Flush()
 	rs.check(t)
 	checkBalance(t, n)
+}
+
+// TestAutoFlushClockWaitsForDelivery: with AutoFlush, a link's goroutine
+// may take a packet off the queue just before the test calls Advance.
+// Time must not move until that delivery is over, so that what the
+// Receiver does in answer (here: read the clock, as a NIC does to arm its
+// timers and stamp its replies) happens at the instant the packet was due.
+func TestAutoFlushClockWaitsForDelivery(t *testing.T) {
+	leaktest.Check(t)
+	clk := NewManualClock(time.Time{})
+	n := NewNetwork(Config{Clock: clk, AutoFlush: true})
+	defer n.Close()
+	a, _ := startedLink(n)
+	b, rb := startedLink(n)
+	start := clk.Now()
+	var late []string
+	var mu sync.Mutex
+	rb.onDeliver = func(_ netip.AddrPort, h wire.Header, _ []byte) {
+		for range 3 {
+			runtime.Gosched() // widen the window in which Advance could run
+		}
+		due := time.Duration(h.PSN) * time.Millisecond
+		if at := clk.Now().Sub(start); at != due {
+			mu.Lock()
+			late = append(late, fmt.Sprintf("PSN %d handled at %v, due at %v", h.PSN, at, due))
+			mu.Unlock()
+		}
+	}
+	const rounds = 300
+	for i := range rounds {
+		mustSend(t, a, packets(b.LocalAddr(), uint32(i), 1))
+		clk.Advance(time.Millisecond)
+	}
+	if got := len(rb.deliveries()); got != rounds {
+		t.Fatalf("%d of %d packets delivered", got, rounds)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(late) > 0 {
+		t.Fatalf("%d of %d packets handled after the clock moved on, first: %s", len(late), rounds, late[0])
+	}
 }
