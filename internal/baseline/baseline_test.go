@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -195,5 +196,37 @@ func TestErrNoReplyWhenNobodyAnswers(t *testing.T) {
 	}
 	if _, err := pingPong(cli, &dead.local, 1, 8); !errors.Is(err, ErrNoReply) {
 		t.Errorf("pingPong to a silent socket: %v, want ErrNoReply", err)
+	}
+}
+
+func TestAlternate(t *testing.T) {
+	checkNoLeaks(t)
+	var chunks []int
+	base, err := Alternate(3, 10, 8, func(k int) error {
+		chunks = append(chunks, k)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{4, 3, 3}; !slices.Equal(chunks, want) {
+		t.Fatalf("chunks %v, want %v", chunks, want)
+	}
+	checkLatencies(t, base, 10, time.Minute)
+
+	boom := errors.New("boom")
+	calls := 0
+	if _, err := Alternate(4, 8, 8, func(int) error {
+		if calls++; calls == 2 {
+			return boom
+		}
+		return nil
+	}); !errors.Is(err, boom) || calls != 2 {
+		t.Fatalf("error of the second chunk: %v after %d calls", err, calls)
+	}
+	for _, bad := range [][2]int{{0, 10}, {5, 4}} {
+		if _, err := Alternate(bad[0], bad[1], 8, func(int) error { return nil }); err == nil {
+			t.Errorf("Alternate(%d, %d) accepted", bad[0], bad[1])
+		}
 	}
 }
