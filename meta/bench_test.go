@@ -38,7 +38,7 @@ func BenchmarkMetaCacheHit(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	c.cache.Wait()
+	c.waitDCCache().Wait()
 	reads := c.Stats().Reads
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/ristretto/v2"
+
 	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/leaktest"
 	"github.com/krfs/krfs/verbs"
@@ -95,6 +97,9 @@ func startServer(t testing.TB, dev *softnic.Device, cfg ServerConfig) *Server {
 	return s
 }
 
+// startClient makes a client and waits until its DCCache is built, so
+// that what a test reads is cached (see TestDCCacheBuiltInBackground for
+// the time before).
 func startClient(t testing.TB, dev *softnic.Device, cfg ClientConfig) *Client {
 	t.Helper()
 	c, err := NewClient(context.Background(), dev, cfg)
@@ -102,7 +107,14 @@ func startClient(t testing.TB, dev *softnic.Device, cfg ClientConfig) *Client {
 		t.Fatalf("NewClient: %v", err)
 	}
 	t.Cleanup(func() { c.Close() })
+	<-c.dcReady
 	return c
+}
+
+// waitDCCache returns c's DCCache once built (nil if disabled).
+func (c *Client) waitDCCache() *ristretto.Cache[uint32, NodeInfo] {
+	<-c.dcReady
+	return c.dc.Load()
 }
 
 // ctxT returns a context that guards a test against a hang: two minutes of

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/dgraph-io/ristretto/v2"
+
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
 )
@@ -40,7 +42,7 @@ func TestRegisterLookup(t *testing.T) {
 			if st := peer.Stats(); st.Reads != 1 || st.CacheMisses != 1 {
 				t.Fatalf("after a miss: %+v", st)
 			}
-			peer.cache.Wait()
+			peer.waitDCCache().Wait()
 			for range 3 {
 				if n, err := peer.Lookup(ctx, 5); err != nil || n != got {
 					t.Fatalf("cached Lookup: %+v, %v", n, err)
@@ -140,8 +142,60 @@ func TestStaleHook(t *testing.T) {
 	if err != nil || n != a2.Info() {
 		t.Fatalf("Stale: %+v, %v; want %+v", n, err, a2.Info())
 	}
-	peer.cache.Wait()
+	peer.waitDCCache().Wait()
 	if n, err := peer.Lookup(ctx, 3); err != nil || n != a2.Info() {
 		t.Fatalf("after Stale the cache holds %+v, %v", n, err)
+	}
+}
+
+// TestDCCacheBuiltInBackground: NewClient does not wait for the DCCache
+// (ristretto's sketch costs a fresh process milliseconds). Until it is
+// built, lookups read the table and what they read is counted Uncached;
+// afterwards lookups are cached as usual.
+func TestDCCacheBuiltInBackground(t *testing.T) {
+	checkLeaks(t)
+	f := newFabric(t, "fake", softnictest.Config{Seed: 1})
+	ctx := ctxT(t)
+	srv := startServer(t, f.device(), ServerConfig{Slots: 64})
+	nodeCl := startClient(t, f.device(), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}})
+	ag, err := nodeCl.Register(ctx, testNode(5, 0), AgentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ag.Close()
+
+	release := make(chan struct{})
+	build := newDCCache
+	newDCCache = func(cfg *ristretto.Config[uint32, NodeInfo]) (*ristretto.Cache[uint32, NodeInfo], error) {
+		<-release
+		return build(cfg)
+	}
+	defer func() { newDCCache = build }()
+	peer, err := NewClient(ctx, f.device(), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	for range 2 {
+		if n, err := peer.Lookup(ctx, 5); err != nil || n != ag.Info() {
+			t.Fatalf("Lookup before the DCCache is built: %+v, %v", n, err)
+		}
+	}
+	if st := peer.Stats(); st.Reads != 2 || st.CacheMisses != 2 || st.Uncached != 2 {
+		t.Fatalf("before the DCCache is built: %+v", st)
+	}
+	close(release)
+	peer.waitDCCache()
+	if _, err := peer.Lookup(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	peer.waitDCCache().Wait()
+	for range 3 {
+		if _, err := peer.Lookup(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := peer.Stats(); st.Reads != 3 || st.Lookups != 6 || st.Uncached != 2 {
+		t.Fatalf("once built, lookups were not cached: %+v", st)
 	}
 }

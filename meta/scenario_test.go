@@ -108,7 +108,7 @@ func testMetaRestart(t *testing.T, kind string) {
 			t.Fatal(err)
 		}
 	}
-	peer.cache.Wait()
+	peer.waitDCCache().Wait()
 	inc1 := srv.Bootstrap().ServerIncarnation
 
 	srv.Close()
