@@ -107,7 +107,8 @@ type Config struct {
 	MaxRegions int
 
 	// RecvBuffers receive buffers of MsgThreshold bytes (plus a header)
-	// are kept posted for messages; SendBuffers bounce buffers of the same
+	// are kept posted for messages once a port is bound (a few before;
+	// see Stats.MsgRecvBuffers); SendBuffers bounce buffers of the same
 	// size carry small messages out. Messages of MsgThreshold bytes or
 	// more go by zero-copy rendezvous. MsgTimeout bounds how long a Send
 	// waits for a busy receiver (RNR) or for a rendezvous to be pulled.

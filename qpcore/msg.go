@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/krfs/krfs/clock"
@@ -35,6 +36,13 @@ import (
 // A receiver that posted no buffer answers with RNR NAKs; the sender's
 // DCI retries, then qpcore retries after a backoff until MsgTimeout.
 // Messages from one sender to one port arrive in order.
+//
+// Receive buffers grow on demand. A node posts initialRecvBuffers at
+// start, enough to refuse messages to ports it has not bound, and the
+// rest of RecvBuffers when its first port is bound. Registered up front,
+// the default 64 buffers of 64 KiB made a new process's heap pass the
+// garbage collector's first goal (4 MiB) during its start, and the
+// collection that followed slowed its first connects and READs 2-5x.
 //
 // Ports and backpressure. Each port queues at most PortDepth messages;
 // a small message waits in its receive buffer until read, so PortDepth
@@ -104,13 +112,29 @@ type bounceBuf struct {
 	mr  verbs.MR
 }
 
+// initialRecvBuffers is how many receive buffers a node posts before it
+// binds a port (see "Receive buffers grow on demand").
+const initialRecvBuffers = 4
+
+// recvChunk is registered memory holding receive buffers first,
+// first+1, ... of bufSize bytes each.
+type recvChunk struct {
+	buf   []byte
+	mr    verbs.MR
+	first int
+}
+
 // msgState is a node's messaging side.
 type msgState struct {
 	n       *Node
 	bufSize int
-	rbuf    []byte // RecvBuffers receive buffers of bufSize bytes
-	rmr     verbs.MR
-	bounce  chan *bounceBuf
+	// chunks holds the receive buffers: the initial ones, and the rest
+	// once a port is bound. A chunk is appended under mu before any of
+	// its buffers is posted, and the slice is replaced, never changed in
+	// place, so whoever holds a buffer's index (from its completion)
+	// finds its chunk with a load.
+	chunks atomic.Pointer[[]recvChunk]
+	bounce chan *bounceBuf
 
 	mu      sync.Mutex // guards the fields below
 	staged  int64      // bytes of staged messages (at most MsgStageMax)
@@ -119,6 +143,7 @@ type msgState struct {
 	token   uint64
 	bounces []*bounceBuf
 	closed  bool
+	posted  int // receive buffers registered and posted so far
 }
 
 func (m *msgState) init(n *Node) error {
@@ -127,24 +152,52 @@ func (m *msgState) init(n *Node) error {
 	m.ports = make(map[uint32]*Port)
 	m.rdv = make(map[uint64]chan uint8)
 	m.bounce = make(chan *bounceBuf, n.cfg.SendBuffers)
-	m.rbuf = make([]byte, n.cfg.RecvBuffers*m.bufSize)
-	mr, err := n.pd.RegMR(m.rbuf, verbs.AccessLocalWrite)
+	m.chunks.Store(&[]recvChunk{})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.growLocked(min(initialRecvBuffers, n.cfg.RecvBuffers))
+}
+
+// growLocked registers and posts receive buffers up to a total of k.
+func (m *msgState) growLocked(k int) error {
+	if k <= m.posted {
+		return nil
+	}
+	c := recvChunk{buf: make([]byte, (k-m.posted)*m.bufSize), first: m.posted}
+	mr, err := m.n.pd.RegMR(c.buf, verbs.AccessLocalWrite)
 	if err != nil {
 		return fmt.Errorf("qpcore: registering receive buffers: %w", err)
 	}
-	m.rmr = mr
-	wrs := make([]verbs.RecvWR, n.cfg.RecvBuffers)
+	c.mr = mr
+	old := *m.chunks.Load()
+	chunks := append(old[:len(old):len(old)], c)
+	m.chunks.Store(&chunks)
+	wrs := make([]verbs.RecvWR, k-m.posted)
 	for i := range wrs {
-		wrs[i] = m.recvWR(i)
+		wrs[i] = m.recvWR(m.posted + i)
 	}
-	if err := n.target.SRQ().PostRecv(wrs); err != nil {
+	if err := m.n.target.SRQ().PostRecv(wrs); err != nil {
 		return fmt.Errorf("qpcore: posting receive buffers: %w", err)
 	}
+	m.posted = k
 	return nil
 }
 
+// slot returns receive buffer i's memory, its MR and its offset there.
+func (m *msgState) slot(i int) ([]byte, verbs.MR, int) {
+	chunks := *m.chunks.Load()
+	for j := len(chunks) - 1; j >= 0; j-- {
+		if c := chunks[j]; i >= c.first {
+			off := (i - c.first) * m.bufSize
+			return c.buf[off : off+m.bufSize], c.mr, off
+		}
+	}
+	panic(fmt.Sprintf("qpcore: receive buffer %d was never posted", i))
+}
+
 func (m *msgState) recvWR(i int) verbs.RecvWR {
-	return verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: m.rmr, Offset: uint64(i * m.bufSize), Length: uint32(m.bufSize)}}
+	_, mr, off := m.slot(i)
+	return verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: mr, Offset: uint64(off), Length: uint32(m.bufSize)}}
 }
 
 func (m *msgState) repost(i int) {
@@ -171,8 +224,8 @@ func (m *msgState) close() {
 	for _, b := range bs {
 		b.mr.Dereg()
 	}
-	if m.rmr != nil {
-		m.rmr.Dereg()
+	for _, c := range *m.chunks.Load() {
+		c.mr.Dereg()
 	}
 }
 
@@ -259,6 +312,9 @@ func (n *Node) Bind(num uint32) (*Port, error) {
 	if _, dup := m.ports[num]; dup {
 		return nil, fmt.Errorf("%w: %d", ErrPortInUse, num)
 	}
+	if err := m.growLocked(n.cfg.RecvBuffers); err != nil {
+		return nil, err
+	}
 	pt := &Port{n: n, num: num, notify: make(chan struct{}, 1)}
 	m.ports[num] = pt
 	return pt, nil
@@ -339,8 +395,8 @@ func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, erro
 				return Message{From: im.from, Len: im.n}, nil
 			}
 			if im.kind == msgData {
-				off := im.buf*n.msg.bufSize + msgHdrLen
-				copy(dst, n.msg.rbuf[off:off+im.n])
+				b, _, _ := n.msg.slot(im.buf)
+				copy(dst, b[msgHdrLen:msgHdrLen+im.n])
 				n.msg.repost(im.buf)
 				n.stats.msgSmallBytes.Add(uint64(im.n))
 				n.stats.msgSmallCopied.Add(uint64(im.n))
@@ -446,7 +502,8 @@ func (n *Node) onRecv(wc *verbs.WC) {
 		}
 		return
 	}
-	b := m.rbuf[i*m.bufSize:][:min(int(wc.ByteLen), m.bufSize)]
+	b, _, _ := m.slot(i)
+	b = b[:min(int(wc.ByteLen), m.bufSize)]
 	h, ok := parseMsgHdr(b)
 	if !ok || (h.kind == msgData && uint64(len(b)-msgHdrLen) != h.length) {
 		n.stats.msgMalformed.Add(1)

@@ -195,3 +195,54 @@ func TestUnreadLargeMessageIsStaged(t *testing.T) {
 		t.Fatalf("staged %d, large bytes copied %d; want 1 and %d", st.MsgStaged, st.MsgLargeCopied, len(big))
 	}
 }
+
+// A node posts a few receive buffers until it binds a port, then all of
+// RecvBuffers; messages use the new ones (more are queued unread than
+// were posted before the Bind), and a port bound later adds none.
+func TestReceiveBuffersGrowAtFirstBind(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{RecvBuffers: 24, PortDepth: 20})
+	b := c.add(2, 0, qpcore.Config{})
+	ctx := ctxT(t, 20*time.Second)
+	before := a.n.Stats().MsgRecvBuffers
+	if before < 1 || before >= 20 {
+		t.Fatalf("%d receive buffers posted before any Bind, want a few", before)
+	}
+	if err := b.n.Send(ctx, 1, 7, []byte("x")); !errors.Is(err, qpcore.ErrNoPort) {
+		t.Fatalf("send to an unbound port: %v, want ErrNoPort", err)
+	}
+	pt, err := a.n.Bind(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pt.Close()
+	if got := a.n.Stats().MsgRecvBuffers; got != 24 {
+		t.Fatalf("%d receive buffers posted after the first Bind, want 24", got)
+	}
+	const unread = 20
+	for i := range unread {
+		if err := b.n.Send(ctx, 1, 7, []byte{byte(i)}); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	if q := pt.Queued(); q != unread {
+		t.Fatalf("port holds %d messages, want %d", q, unread)
+	}
+	for i := range unread {
+		m := make([]byte, 8)
+		got, err := pt.Recv(ctx, m)
+		if err != nil || got.Len != 1 || m[0] != byte(i) {
+			t.Fatalf("message %d: %+v %v % x", i, got, err, m[:1])
+		}
+	}
+	other, err := a.n.Bind(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if got := a.n.Stats().MsgRecvBuffers; got != 24 {
+		t.Fatalf("%d receive buffers after a second Bind, want 24", got)
+	}
+	noQPErrors(t, a.n, b.n)
+}

@@ -123,6 +123,10 @@ type Stats struct {
 	// reader waited for them; see Config.MsgStageAfter), MsgStageFull
 	// the ones left to wait because MsgStageMax bytes were staged.
 	MsgStaged, MsgStageFull uint64
+	// MsgRecvBuffers is how many receive buffers of MsgThreshold bytes
+	// are registered and posted: a few until the first port is bound,
+	// then Config.RecvBuffers.
+	MsgRecvBuffers int
 
 	// Local buffer registrations: cache hits, misses, evictions, buffers
 	// too large to cache (registered per operation), and what the cache
@@ -181,6 +185,9 @@ func (n *Node) Stats() Stats {
 	n.passiveMu.Lock()
 	s.RCPassive = len(n.passive)
 	n.passiveMu.Unlock()
+	n.msg.mu.Lock()
+	s.MsgRecvBuffers = n.msg.posted
+	n.msg.mu.Unlock()
 	n.mem.mu.Lock()
 	s.MemHits, s.MemMisses, s.MemEvictions = n.mem.stats.hits, n.mem.stats.misses, n.mem.stats.evictions
 	s.MemCached, s.MemCachedBytes, s.MemUncached = n.mem.lru.Len(), n.mem.bytes, n.mem.stats.uncached
