@@ -12,8 +12,11 @@ import (
 // after heavy mixed I/O was about 40 MiB with an 8 MiB cache: go-fuse's
 // request buffers (about 1 MiB per reader of /dev/fuse), the
 // filesystem's I/O buffers (fs.DefaultIOBufferBytes, 8 MiB), the cache,
-// qpcore's message buffers (4 MiB), the meta cache; the rest is room for
-// garbage between collections. A limit much closer to the live heap makes
+// qpcore's message buffers (4 MiB once a port is bound, 256 KiB before),
+// the meta cache; the rest is room for garbage between collections. The
+// limit counts memory the runtime has allocated, touched or not, so what
+// the daemon leaves untouched (message buffers never used) leaves less
+// room for garbage, and RssAnon sits lower under the same limit. A limit much closer to the live heap makes
 // the collector run back to back and empties go-fuse's buffer pools,
 // whose refills then need more collections (48 MiB with an 8 MiB cache:
 // 1,500 collections in 20 s of 1 MiB reads and a third of the
