@@ -212,14 +212,19 @@ func TestReceiveBuffersGrowAtFirstBind(t *testing.T) {
 	if err := b.n.Send(ctx, 1, 7, []byte("x")); !errors.Is(err, qpcore.ErrNoPort) {
 		t.Fatalf("send to an unbound port: %v, want ErrNoPort", err)
 	}
-	pt, err := a.n.Bind(7)
-	if err != nil {
-		t.Fatal(err)
+	bind := func(num uint32) *qpcore.Port {
+		t.Helper()
+		pt, err := a.n.Bind(num)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pt.Close() })
+		if got := a.n.Stats().MsgRecvBuffers; got != 24 {
+			t.Fatalf("%d receive buffers posted after Bind(%d), want 24", got, num)
+		}
+		return pt
 	}
-	defer pt.Close()
-	if got := a.n.Stats().MsgRecvBuffers; got != 24 {
-		t.Fatalf("%d receive buffers posted after the first Bind, want 24", got)
-	}
+	pt := bind(7)
 	const unread = 20
 	for i := range unread {
 		if err := b.n.Send(ctx, 1, 7, []byte{byte(i)}); err != nil {
@@ -236,13 +241,6 @@ func TestReceiveBuffersGrowAtFirstBind(t *testing.T) {
 			t.Fatalf("message %d: %+v %v % x", i, got, err, m[:1])
 		}
 	}
-	other, err := a.n.Bind(8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	if got := a.n.Stats().MsgRecvBuffers; got != 24 {
-		t.Fatalf("%d receive buffers after a second Bind, want 24", got)
-	}
+	bind(8) // a second port adds none
 	noQPErrors(t, a.n, b.n)
 }

@@ -81,13 +81,20 @@ func TestRealTimeUnderSynctest(t *testing.T) {
 	})
 }
 
-func TestAutoFlushDeliversWithoutFlush(t *testing.T) {
-	leaktest.Check(t)
+// autoFlushPair returns a manual clock, an AutoFlush network on it (closed
+// at the test's end) and two started links, the second's recorder.
+func autoFlushPair(t *testing.T) (*ManualClock, *Network, *Link, *Link, *recorder) {
 	clk := NewManualClock(time.Time{})
 	n := NewNetwork(Config{Clock: clk, AutoFlush: true})
-	defer n.Close()
+	t.Cleanup(func() { n.Close() })
 	a, _ := startedLink(n)
 	b, rb := startedLink(n)
+	return clk, n, a, b, rb
+}
+
+func TestAutoFlushDeliversWithoutFlush(t *testing.T) {
+	leaktest.Check(t)
+	clk, n, a, b, rb := autoFlushPair(t)
 	rb.notify = make(chan struct{}, 1)
 	mustSend(t, a, packets(b.LocalAddr(), 0, 5))
 	waitDeliveries(t, rb, 5)
@@ -151,11 +158,7 @@ func TestConcurrentSendersInRealTime(t *testing.T) {
 // timers and stamp its replies) happens at the instant the packet was due.
 func TestAutoFlushClockWaitsForDelivery(t *testing.T) {
 	leaktest.Check(t)
-	clk := NewManualClock(time.Time{})
-	n := NewNetwork(Config{Clock: clk, AutoFlush: true})
-	defer n.Close()
-	a, _ := startedLink(n)
-	b, rb := startedLink(n)
+	clk, _, a, b, rb := autoFlushPair(t)
 	start := clk.Now()
 	var late []string
 	var mu sync.Mutex
