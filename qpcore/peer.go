@@ -176,7 +176,8 @@ type peer struct {
 	dirWait      chan struct{} // closed when the fetch in progress ends
 	dirErr       error
 	dirAt        time.Time
-	dirTorn      int
+	dirTorn      int       // torn READs in a row
+	dirTornSince time.Time // clock time of the first of them
 
 	// DC endpoint.
 	dci       *dciSlot

@@ -264,13 +264,30 @@ func (n *Node) dirFetched(o *op) {
 	e := newEffects()
 	p.mu.Lock()
 	p.dirFetching = false
-	if errors.Is(err, errTorn) && p.dirTorn < 16 {
+	now := n.clock.Now()
+	if errors.Is(err, errTorn) && p.dirTorn == 0 {
+		p.dirTornSince = now
+	}
+	if errors.Is(err, errTorn) && !p.closed &&
+		(p.dirTorn < dirTornAtOnce || now.Sub(p.dirTornSince) < n.cfg.PeerTimeout) {
 		p.dirTorn++
 		n.stats.dirTorn.Add(1)
-		n.fetchDirLocked(p)
+		if p.dirTorn <= dirTornAtOnce {
+			n.fetchDirLocked(p)
+		} else {
+			// The writer may be a thread the peer's host left unscheduled
+			// in the middle of an update: give it time.
+			p.dirFetching = true // no other fetch while we wait
+			backoff := min(dirTornBackoff<<min(p.dirTorn-dirTornAtOnce-1, 10), dirTornBackoffMax)
+			n.clock.AfterFunc(backoff, func() {
+				if !n.goSafe(func() { n.refetchDir(p) }) {
+					n.refetchDir(p) // closed: only ends the wait, with ErrClosed
+				}
+			})
+		}
 	} else {
 		if errors.Is(err, errTorn) {
-			err = fmt.Errorf("%w: records kept changing during %d READs", ErrDirectory, p.dirTorn+1)
+			err = fmt.Errorf("%w: records kept changing during %d READs (%v)", ErrDirectory, p.dirTorn+1, now.Sub(p.dirTornSince))
 		}
 		p.dirTorn = 0
 		n.dirDoneLocked(p, regions, err)
@@ -282,6 +299,34 @@ func (n *Node) dirFetched(o *op) {
 				}
 			}
 		}
+	}
+	n.kickLocked(p, e)
+	p.mu.Unlock()
+	n.apply(e)
+}
+
+// A directory READ that finds a record in the middle of an update is
+// repeated at once dirTornAtOnce times, then after a backoff that doubles
+// from dirTornBackoff to dirTornBackoffMax, for as long as PeerTimeout: a
+// writer on a loaded host can be descheduled for milliseconds in the
+// middle of its update, longer than any number of READs back to back
+// lasts.
+const (
+	dirTornAtOnce     = 4
+	dirTornBackoff    = 100 * time.Microsecond
+	dirTornBackoffMax = 20 * time.Millisecond
+)
+
+// refetchDir reads p's directory again after a torn READ's backoff.
+func (n *Node) refetchDir(p *peer) {
+	e := newEffects()
+	p.mu.Lock()
+	p.dirFetching = false
+	if p.closed {
+		n.dirDoneLocked(p, nil, ErrClosed)
+		p.dirTorn = 0
+	} else {
+		n.fetchDirLocked(p)
 	}
 	n.kickLocked(p, e)
 	p.mu.Unlock()

@@ -185,3 +185,97 @@ func TestDirectorySeqlockUnderUpdates(t *testing.T) {
 	}
 	t.Logf("%d directory READs during updates, %d torn reads repeated", reads, a.Stats().DirTorn)
 }
+
+// tearRecord leaves region name's directory record in the middle of an
+// update, as a writer that was descheduled there would; the returned
+// function finishes the update. It holds the directory's lock meanwhile.
+func tearRecord(t *testing.T, n *Node, name string) (finish func()) {
+	t.Helper()
+	d := n.dir
+	d.mu.Lock()
+	e := d.byName[name]
+	if e == nil {
+		d.mu.Unlock()
+		t.Fatalf("no region %q", name)
+	}
+	rec := d.buf[dirHeaderLen+e.slot*dirRecordLen:][:dirRecordLen]
+	s := binary.LittleEndian.Uint32(rec[0:])
+	storeLE32(rec[76:], s+1)
+	if d.sync != nil {
+		d.sync()
+	}
+	return func() {
+		storeLE32(rec[0:], s+2)
+		storeLE32(rec[76:], s+2)
+		if d.sync != nil {
+			d.sync()
+		}
+		d.mu.Unlock()
+	}
+}
+
+// TestDirectoryReaderWaitsOutAStalledWriter: a directory READ that keeps
+// finding a record torn (its writer stalled in the middle of an update)
+// backs off and reads again until the writer finishes, however many READs
+// that takes, and gives up with ErrDirectory only after PeerTimeout.
+func TestDirectoryReaderWaitsOutAStalledWriter(t *testing.T) {
+	leaktest.Check(t)
+	const timeout = time.Second
+	ns, _ := testNodes(t, 2, Config{PeerTimeout: timeout})
+	a, b := ns[0], ns[1]
+	if _, err := b.Export("x", make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	v, err := a.Connect(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	p := v.p
+	readDir := func() error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		a.invalidateDirLocked(p)
+		return a.ensureDirLocked(ctx, p)
+	}
+
+	// The writer finishes while the reader backs off, after more torn
+	// READs than a reader that does not wait would make (17): the read
+	// succeeds.
+	finish := tearRecord(t, b, "x")
+	done := make(chan error, 1)
+	go func() { done <- readDir() }()
+	for a.Stats().DirTorn < 20 {
+		select {
+		case err := <-done:
+			finish()
+			t.Fatalf("the read ended before backing off: %v (%d torn)", err, a.Stats().DirTorn)
+		case <-ctx.Done():
+			finish()
+			t.Fatal("hang")
+		default:
+			runtime.Gosched()
+		}
+	}
+	finish()
+	if err := <-done; err != nil {
+		t.Fatalf("read after the writer finished: %v", err)
+	}
+	if _, ok := p.dir["x"]; !ok {
+		t.Fatalf("directory %v lacks x", p.dir)
+	}
+
+	// The writer never finishes: the read fails after PeerTimeout.
+	finish = tearRecord(t, b, "x")
+	defer finish()
+	t0 := time.Now()
+	err = readDir()
+	if !errors.Is(err, ErrDirectory) || !strings.Contains(err.Error(), "kept changing") {
+		t.Fatalf("read of a record torn for good: %v, want ErrDirectory", err)
+	}
+	if took := time.Since(t0); took < timeout {
+		t.Fatalf("gave up after %v, before PeerTimeout", took)
+	}
+}
