@@ -150,8 +150,11 @@ func (c *cluster) advance(d, step time.Duration, between func()) {
 }
 
 // until advances a fake cluster's clock in steps of step until cond holds,
-// failing after max of clock time. Between steps it yields, so goroutines
-// woken by the step run before cond is checked again.
+// failing after max of clock time. After each step it waits until every
+// open node's dispatcher has done the housekeeping that came due (see
+// housekept), so that a starved dispatcher does not let the clock run
+// past what cond waits for: yielding alone did not make it run on a
+// machine with CPU-bound processes beside the test.
 func (c *cluster) until(what string, step, max time.Duration, cond func() bool) {
 	c.t.Helper()
 	for waited := time.Duration(0); !cond(); waited += step {
@@ -159,7 +162,28 @@ func (c *cluster) until(what string, step, max time.Duration, cond func() bool) 
 			c.t.Fatalf("%s: not after %v of clock time", what, max)
 		}
 		c.clk.Advance(step)
-		settle()
+		c.housekept()
+	}
+}
+
+// housekept waits until every open node's dispatcher has housekept within
+// one Tick of the clock's time: it has handled the last tick that fell
+// due. The deadline guards against a hang, not a slow machine.
+func (c *cluster) housekept() {
+	c.t.Helper()
+	now := c.clk.Now()
+	guard := time.Now().Add(2 * time.Minute)
+	for _, tn := range c.nodes {
+		for tn.n != nil { // nil: closed by the test (tnode.close)
+			at, open := tn.n.HousekeptAt()
+			if !open || at.After(now.Add(-tn.n.Config().Tick)) {
+				break
+			}
+			if time.Now().After(guard) {
+				c.t.Fatalf("node %d: last housekeeping at %v, clock at %v", tn.gid, at, now)
+			}
+			runtime.Gosched()
+		}
 	}
 }
 
@@ -271,29 +295,39 @@ func noQPErrors(t testing.TB, ns ...*qpcore.Node) {
 
 // drive runs f in its own goroutine and, on a fake cluster, advances the
 // clock in steps of step until f returns, failing once more than max of
-// clock time went by. It returns the clock time f took (to within one
-// step) and f's error. Between steps it waits up to a millisecond of real
-// time for f: real time only paces the clock, it never decides a result.
-// On UDP it just waits for f and returns the real time it took.
+// clock time went by. It returns the clock time f took (read by f's
+// goroutine as f returns) and f's error. After each step it waits until
+// the nodes' housekeeping caught up (housekept), which expires operations;
+// between steps it waits up to a millisecond of real time for f: real
+// time only paces the clock, it never decides a result. On UDP it just
+// waits for f and returns the real time it took.
 func (c *cluster) drive(step, max time.Duration, f func() error) (time.Duration, error) {
 	c.t.Helper()
-	done := make(chan error, 1)
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
 	t0 := c.clock.Now()
-	go func() { done <- f() }()
+	go func() {
+		err := f()
+		done <- result{err, c.clock.Now().Sub(t0)}
+	}()
 	if c.clk == nil {
-		err := <-done
-		return time.Since(t0), err
+		r := <-done
+		return r.took, r.err
 	}
 	for {
 		select {
-		case err := <-done:
-			return c.clk.Now().Sub(t0), err
+		case r := <-done:
+			return r.took, r.err
 		case <-time.After(time.Millisecond):
 		}
 		if c.clk.Now().Sub(t0) > max {
 			c.t.Fatalf("still running after %v of clock time", max)
 		}
 		c.clk.Advance(step)
+		c.housekept()
 	}
 }
 

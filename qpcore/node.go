@@ -21,7 +21,8 @@ import (
 // ports. Its methods may be called concurrently.
 type Node struct {
 	cfg         Config
-	clock       clock.Clock // cfg.Clock
+	clock       clock.Clock  // cfg.Clock
+	housekept   atomic.Int64 // clock time (Unix ns) of the dispatcher's last housekeeping or its start (tests wait for it)
 	dev         verbs.Device
 	res         Resolver
 	pd          verbs.PD
@@ -336,6 +337,7 @@ func (n *Node) run() {
 	defer n.wg.Done()
 	tick := clock.NewTicker(n.clock, n.cfg.Tick)
 	defer tick.Stop()
+	n.housekept.Store(n.clock.Now().UnixNano())
 	for {
 		select {
 		case <-n.stop:
@@ -367,6 +369,7 @@ func (n *Node) housekeep() {
 	}
 	n.reclaimPassive(now)
 	n.expireOps(now)
+	n.housekept.Store(now.UnixNano())
 }
 
 // encodeRCPrivate is the private data of an RC connection request: the
