@@ -64,8 +64,10 @@
 // one READ the first time they operate on the node, cache it, and read it
 // again when a NAK says it is stale (invalid rkey, bounds, permission) or
 // when an unknown name is asked for; a READ that caught a record being
-// rewritten is detected by the seqlock and repeated. Unexport removes the
-// record, then deregisters the memory.
+// rewritten is detected by the seqlock and repeated (a few times at once,
+// then with a backoff, for up to PeerTimeout, since the writer may be
+// descheduled in the middle of its update; then ErrDirectory). Unexport
+// removes the record, then deregisters the memory.
 //
 // # Pre-check
 //

@@ -48,7 +48,8 @@ import (
 // s+2. A READ copies memory from low to high addresses, so it takes
 // seqHead before the body and seqTail after; a record is consistent iff
 // seqHead == seqTail and both are even. A reader that sees a torn record
-// reads again.
+// reads again: at once a few times, then backing off, for up to
+// PeerTimeout (a writer can be descheduled in the middle of an update).
 const (
 	dirMagic      = 0x3144524b // "KRD1"
 	dirFormat     = 1
