@@ -115,25 +115,34 @@ func TestDirectoryFormat(t *testing.T) {
 	}
 }
 
+// dirPair starts nodes a and b (gids 1 and 2) with cfg, exports names
+// of 4 KiB on b and connects a VQP from a to b; ctx is a hang guard. All
+// are closed at the test's end.
+func dirPair(t *testing.T, cfg Config, names ...string) (a, b *Node, v *VQP, ctx context.Context) {
+	t.Helper()
+	ns, _ := testNodes(t, 2, cfg)
+	a, b = ns[0], ns[1]
+	for _, name := range names {
+		if _, err := b.Export(name, make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	v, err := a.Connect(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return a, b, v, ctx
+}
+
 // A peer re-reads the directory with one-sided READs while the owner
 // rewrites a record as fast as it can; every decoded record is consistent
 // (mode, uid and gid are always written equal), torn ones are read again.
 func TestDirectorySeqlockUnderUpdates(t *testing.T) {
 	leaktest.Check(t)
-	ns, _ := testNodes(t, 2, Config{})
-	a, b := ns[0], ns[1]
-	for _, name := range []string{"x", "y", "z"} {
-		if _, err := b.Export(name, make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
-	defer cancel()
-	v, err := a.Connect(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
+	a, b, v, ctx := dirPair(t, Config{}, "x", "y", "z")
 	b.SetOwner("y", 0, 0, 0) // the invariant below: mode == uid == gid
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -221,18 +230,7 @@ func tearRecord(t *testing.T, n *Node, name string) (finish func()) {
 func TestDirectoryReaderWaitsOutAStalledWriter(t *testing.T) {
 	leaktest.Check(t)
 	const timeout = time.Second
-	ns, _ := testNodes(t, 2, Config{PeerTimeout: timeout})
-	a, b := ns[0], ns[1]
-	if _, err := b.Export("x", make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
-	defer cancel()
-	v, err := a.Connect(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
+	a, b, v, ctx := dirPair(t, Config{PeerTimeout: timeout}, "x")
 	p := v.p
 	readDir := func() error {
 		p.mu.Lock()
@@ -271,7 +269,7 @@ func TestDirectoryReaderWaitsOutAStalledWriter(t *testing.T) {
 	finish = tearRecord(t, b, "x")
 	defer finish()
 	t0 := time.Now()
-	err = readDir()
+	err := readDir()
 	if !errors.Is(err, ErrDirectory) || !strings.Contains(err.Error(), "kept changing") {
 		t.Fatalf("read of a record torn for good: %v, want ErrDirectory", err)
 	}
