@@ -3,6 +3,10 @@
 //
 // They need root, /dev/fuse, iproute2 and nsenter. Without them they skip;
 // with KRFS_E2E=required (as in CI) they fail instead.
+//
+// Each run names its clusters and namespaces after its pid; before its
+// first one it removes those of test processes that died without their
+// cleanups (go test's -timeout, a SIGKILL): see sweepStale.
 package tests
 
 import (
@@ -82,6 +86,7 @@ func newCluster(t *testing.T, n int) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sweepStale(t, top)
 	c := &cluster{t: t, top: top, bin: build(t, top), dir: filepath.Join("/run", fmt.Sprintf("krfs-e2e-%d", os.Getpid())), n: n}
 	c.script("down") // leftovers of a crashed run
 	t.Cleanup(func() {

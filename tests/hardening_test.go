@@ -27,6 +27,9 @@ import (
 // it is deleted at cleanup.
 func privateNS(t *testing.T, tag string) string {
 	t.Helper()
+	if top, err := filepath.Abs(".."); err == nil {
+		sweepStale(t, top)
+	}
 	name := fmt.Sprintf("kh%d-%s", os.Getpid()%100000, tag)
 	exec.Command("ip", "netns", "del", name).Run() // leftovers of a crashed run
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
