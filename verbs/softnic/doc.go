@@ -36,9 +36,12 @@
 // response shows that a READ or atomic response was lost. Receive-not-ready
 // is answered with an RNR NAK and retried after the timer it carries.
 //
-// The ACK timer runs only while a transmitted PSN is owed (not yet
+// The ACK timeout runs only while a transmitted PSN is owed (not yet
 // acknowledged, or a READ or atomic whose response is missing), and starts
-// when a packet leaves. A NIC's receive pipeline never falls behind, so
+// when a packet leaves. Each QP has one timer, not one per operation: an
+// acknowledgment moves the deadline or ends the wait, and a timer that
+// fires before the deadline that holds then schedules itself for it (or
+// lapses when nothing is owed), so back-to-back operations make no timers. A NIC's receive pipeline never falls behind, so
 // its timeout means the peer or the network did not answer; softnic's is
 // software and on a busy host an ACK can wait in the device's own socket
 // while the timer fires. So a timeout counts against RetryCnt only if the

@@ -75,12 +75,20 @@ type requester struct {
 	sentHigh wire.PSN // one past the highest PSN transmitted
 	rdOut    int      // READs and atomics assigned and not complete
 
-	retries      int
-	uncounted    int    // timeouts since progress not counted in retries (see onTimer)
-	probe        uint64 // receive-path probe sent after the last retransmission; 0 if none
-	rnrRetries   int
-	rnrWait      bool
+	retries    int
+	uncounted  int    // timeouts since progress not counted in retries (see onTimer)
+	probe      uint64 // receive-path probe sent after the last retransmission; 0 if none
+	rnrRetries int
+	rnrWait    bool
+	// The retransmission timer: one per QP, not one per operation. armed
+	// says that something transmitted is unacknowledged (the ACK timeout
+	// runs from lastProgress); timerPending that a timer is scheduled.
+	// Progress and completion only move lastProgress or clear armed; the
+	// timer, when it fires early, schedules itself for the deadline that
+	// holds then, or lapses when nothing is owed (see timeoutDue).
 	timer        link.Timer
+	timerPending bool
+	onTimerFn    func() // r.onTimer, made once
 	armed        bool
 	lastProgress time.Time
 	gapPSN       wire.PSN // READ response gap already asked for
@@ -92,7 +100,10 @@ type requester struct {
 	free []*swqe
 }
 
-func (r *requester) init(q *qp) { r.q = q }
+func (r *requester) init(q *qp) {
+	r.q = q
+	r.onTimerFn = r.onTimer
+}
 
 func (r *requester) count() int { return len(r.sq) }
 
@@ -105,16 +116,18 @@ func (r *requester) start(psn wire.PSN) {
 // reset drops all WRs without completions and stops timers.
 func (r *requester) reset() {
 	r.stopTimer()
+	if r.timerPending && r.timer.Stop() {
+		r.timerPending, r.timer = false, nil
+	} // else it is running: it finds nothing owed and lapses
 	r.sq, r.tx, r.rdOut = nil, 0, 0
 	r.rnrWait, r.gapValid = false, false
 	r.target = verbs.DCTarget{}
 }
 
+// stopTimer ends the ACK timeout: nothing is owed. A scheduled timer is
+// left to lapse (stopping it and starting another for the next operation
+// cost an allocation and two timer-heap updates per READ).
 func (r *requester) stopTimer() {
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
-	}
 	r.armed = false
 }
 
@@ -340,7 +353,28 @@ func (r *requester) arm() {
 	}
 	r.armed = true
 	r.lastProgress = r.q.dev.clock.Now()
-	r.timer = r.q.dev.clock.AfterFunc(r.q.attr.Timeout, r.onTimer)
+	if !r.timerPending {
+		r.timerPending = true
+		r.timer = r.q.dev.clock.AfterFunc(r.q.attr.Timeout, r.onTimerFn)
+	}
+}
+
+// timeoutDue is the first step of the timer's callback, with q.mu held:
+// it reports whether the ACK timeout has come. If not, the timer is
+// scheduled again for the deadline that holds now (progress moved it), or
+// lapses when nothing is owed.
+func (r *requester) timeoutDue() bool {
+	q := r.q
+	if !r.armed || q.dead || q.state != verbs.StateRTS || r.rnrWait || !r.una.Less(r.sentHigh) {
+		// Nothing owed, the QP is gone, or the RNR timer owns the next step.
+		r.armed, r.timerPending, r.timer = false, false, nil
+		return false
+	}
+	if wait := r.lastProgress.Add(q.attr.Timeout).Sub(q.dev.clock.Now()); wait > 0 {
+		r.timer = q.dev.clock.AfterFunc(wait, r.onTimerFn)
+		return false
+	}
+	return true
 }
 
 // MaxUncountedTimeouts bounds the ACK timeouts in a row that do not count
@@ -369,34 +403,30 @@ const MaxUncountedTimeouts = 16
 // keeps up, and after at most RetryCnt+1+MaxUncountedTimeouts (24 with the
 // default RetryCnt 7) when it does not or a probe is lost.
 //
-// It takes the device's receive lock first (lock order rxMu -> qp.mu)
-// because failing the QP completes READs whose buffers a receive may be
-// steering payload into.
+// A timeout takes the device's receive lock first (lock order rxMu ->
+// qp.mu) because failing the QP completes READs whose buffers a receive
+// may be steering payload into.
 func (r *requester) onTimer() {
 	q := r.q
 	d := q.dev
+	// Most firings find the deadline moved by progress, or nothing owed:
+	// they need only the QP's lock. A timeout takes the receive lock too,
+	// first (lock order rxMu -> qp.mu), and looks again.
+	q.mu.Lock()
+	due := r.timeoutDue()
+	q.mu.Unlock()
+	if !due {
+		return
+	}
 	d.lockRx()
 	defer d.rxMu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	r.armed = false
-	r.timer = nil
-	if q.dead || q.state != verbs.StateRTS {
+	if !r.timeoutDue() {
 		return
 	}
-	if r.rnrWait {
-		return // the RNR timer owns the next step
-	}
-	if !r.una.Less(r.sentHigh) {
-		return
-	}
-	now := d.clock.Now()
-	wait := r.lastProgress.Add(q.attr.Timeout).Sub(now)
-	if wait > 0 {
-		r.armed = true
-		r.timer = d.clock.AfterFunc(wait, r.onTimer)
-		return
-	}
+	r.armed, r.timerPending, r.timer = false, false, nil
+	wait := r.lastProgress.Add(q.attr.Timeout).Sub(d.clock.Now())
 	q.stats.Timeouts++
 	behind := r.probe != 0 && !d.probeSeen(r.probe) // an answer may wait in our own receive queue
 	stalled := -wait > q.attr.Timeout               // this timer ran a whole Timeout late

@@ -218,3 +218,90 @@ func TestRetryCntStalledHost(t *testing.T) {
 		t.Fatalf("failed after %d ACK timeouts, want RetryCnt+1+MaxUncountedTimeouts = %d", n, want)
 	}
 }
+
+// countingClock is a manual clock that counts the timers made through it.
+type countingClock struct {
+	*softnictest.ManualClock
+	made atomic.Int64
+}
+
+func (c *countingClock) AfterFunc(d time.Duration, f func()) link.Timer {
+	c.made.Add(1)
+	return c.ManualClock.AfterFunc(d, f)
+}
+
+// TestOneRetransmissionTimerPerQP: a QP keeps one ACK timer, not one per
+// operation. READs that complete before their timeout make no timer after
+// the first; the timer then fires once, finds nothing owed and lapses;
+// and a timer scheduled for an earlier operation does not time out a
+// later one early: it waits for that operation's own deadline.
+func TestOneRetransmissionTimerPerQP(t *testing.T) {
+	checkLeaks(t)
+	fb, clk := newStepFabric(t, 5)
+	cc := &countingClock{ManualClock: clk}
+	fb.clock = cc // the devices' timers; the network keeps clk
+	var dropResp atomic.Bool
+	fb.net.SetFilter(func(_, _ netip.AddrPort, h wire.Header, _ []byte) softnictest.Verdict {
+		if h.Op == wire.OpReadResp && dropResp.Load() {
+			return softnictest.Drop
+		}
+		return softnictest.Pass
+	})
+	a, b := fb.node(), fb.node()
+	qa, _ := connect(t, a, b, stepTimeout)
+	read := func(id uint64) {
+		t.Helper()
+		post(t, qa, verbs.SendWR{ID: id, Op: verbs.OpRead, Flags: verbs.Signaled, Local: sge(a, 0, 8), RKey: b.mr.RKey()})
+	}
+	read(1)
+	if wc := poll(t, a.cq, 1, 0)[0]; wc.Err() != nil {
+		t.Fatalf("READ: %v", wc.Err())
+	}
+	before := cc.made.Load()
+	const n = 1000
+	for i := range n {
+		read(uint64(2 + i))
+		if wc := poll(t, a.cq, 1, 0)[0]; wc.Err() != nil {
+			t.Fatalf("READ %d: %v", 2+i, wc.Err())
+		}
+	}
+	if made := cc.made.Load() - before; made != 0 {
+		t.Fatalf("%d READs that completed within their timeout made %d timers, want 0 (one per QP, made by the first READ)", n, made)
+	}
+	// Idle: the timer fires once, owes nothing, and is not made again.
+	pending := clk.Timers()
+	clk.Advance(stepTimeout)
+	if got := clk.Timers(); got >= pending {
+		t.Fatalf("idle QP: %d timers pending after an ACK timeout, %d before: the timer did not lapse", got, pending)
+	}
+	made := cc.made.Load()
+	clk.Advance(4 * stepTimeout)
+	if cc.made.Load() != made {
+		t.Fatal("idle QP: timers made while nothing was owed")
+	}
+
+	// A READ at 0 makes the timer (deadline T); it completes. A READ at
+	// 0.9 T loses its response: its deadline is 1.9 T. The timer firing
+	// at T must not count a timeout; the one at 1.9 T must.
+	read(5000)
+	poll(t, a.cq, 1, 0)
+	clk.Advance(stepTimeout * 9 / 10)
+	dropResp.Store(true)
+	read(5001)
+	clk.Advance(stepTimeout * 2 / 10) // 1.1 T: past the first READ's deadline
+	if n := qa.Info().Stats.Timeouts; n != 0 {
+		t.Fatalf("a timer made for an earlier READ timed out a later one at its own deadline (%d timeouts)", n)
+	}
+	clk.Advance(stepTimeout * 7 / 10) // 1.8 T
+	if n := qa.Info().Stats.Timeouts; n != 0 {
+		t.Fatalf("timed out at 1.8 T, before the READ's deadline 1.9 T (%d timeouts)", n)
+	}
+	dropResp.Store(false)             // the retransmission gets through
+	clk.Advance(stepTimeout * 2 / 10) // 2.0 T
+	if n := qa.Info().Stats.Timeouts; n != 1 {
+		t.Fatalf("%d timeouts at 2.0 T, want 1 (deadline 1.9 T)", n)
+	}
+	if wc := poll(t, a.cq, 1, 0); len(wc) != 1 || wc[0].Err() != nil {
+		t.Fatalf("the retransmitted READ: %v", wc)
+	}
+}
