@@ -20,9 +20,10 @@ type effects struct {
 	rnr     []*peer
 	destroy []*rcConn
 
-	batch   []*op // scratch for kicks
-	posting []*op
-	wrs     []verbs.SendWR
+	batch      []*op // scratch for kicks
+	posting    []*op
+	wrs        []verbs.SendWR
+	delivering []*op // scratch: the done ops of the round being delivered
 }
 
 var effectsPool = sync.Pool{New: func() any { return new(effects) }}
@@ -61,12 +62,15 @@ func (n *Node) apply(e *effects) {
 			n.kickLocked(p, e)
 			p.mu.Unlock()
 		case len(e.done) > 0:
-			done := append([]*op(nil), e.done...)
-			clear(e.done)
-			e.done = e.done[:0]
+			// Delivered from a second slice, so that e.done takes what a
+			// later round adds (no allocation per round).
+			done := e.done
+			e.done = e.delivering[:0]
 			for _, o := range done {
 				n.deliver(o)
 			}
+			clear(done)
+			e.delivering = done[:0]
 		case len(e.connect) > 0:
 			p := e.connect[len(e.connect)-1]
 			e.connect = e.connect[:len(e.connect)-1]

@@ -19,7 +19,7 @@ import (
 //	BenchmarkReadRate32      READs/s with 32 outstanding / sendmmsg echo rate    target >= 0.8
 //	BenchmarkReadBandwidth1M 1 MiB READ bandwidth / loopback TCP bandwidth     target >= 0.7
 
-func benchPair(b *testing.B) (*node, *node, verbs.QP) {
+func benchPair(b testing.TB) (*node, *node, verbs.QP) {
 	fb := newFabric(b, "udp", faults{})
 	a, s := fb.node(), fb.node()
 	qa, _ := connect(b, a, s, 0)
@@ -49,6 +49,7 @@ func p50(l []time.Duration) time.Duration {
 }
 
 func BenchmarkReadLatency8B(b *testing.B) {
+	defer softnic.NoDebugCheck()()
 	a, s, qa := benchPair(b)
 	wcs := make([]verbs.WC, 1)
 	wr := []verbs.SendWR{{Op: verbs.OpRead, Flags: verbs.Signaled, Local: sge(a, 0, 8), RKey: s.mr.RKey()}}
@@ -88,6 +89,7 @@ func BenchmarkReadLatency8B(b *testing.B) {
 }
 
 func BenchmarkReadRate32(b *testing.B) {
+	defer softnic.NoDebugCheck()()
 	a, s, qa := benchPair(b)
 	const depth = 32
 	wrs := make([]verbs.SendWR, depth)
@@ -138,6 +140,7 @@ func BenchmarkReadRate32(b *testing.B) {
 }
 
 func BenchmarkReadBandwidth1M(b *testing.B) {
+	defer softnic.NoDebugCheck()()
 	fb := newFabric(b, "udp", faults{})
 	a, s := fb.node(), fb.node()
 	qa, _ := connect(b, a, s, 0)
@@ -213,6 +216,7 @@ func BenchmarkReadBandwidth1M(b *testing.B) {
 // READ p50 and 1 MiB READ bandwidth with the key, and with the key and
 // encryption, against the same without a key.
 func BenchmarkClusterKeyCost(b *testing.B) {
+	defer softnic.NoDebugCheck()()
 	measure := func(key []byte, enc bool) (p50lat time.Duration, bw float64) {
 		fb := newFabric(b, "udp", faults{})
 		cfg := softnic.Config{ClusterKey: key, Encrypt: enc}

@@ -78,6 +78,8 @@ type Device struct {
 	steered    []steeredRange // memory handed out by Steer in this batch; guarded by rxMu
 	delivered  int            // index of the packet being delivered; guarded by rxMu
 	rxWCs      []pendingWC    // send completions held until rxOut is sent; guarded by rxMu
+	rxQP       *qp            // the QP the receive path looked up last (nil: none); guarded by rxMu
+	rxQPN      uint32         // rxQP's number; guarded by rxMu
 	atomicMu   sync.Mutex     // serializes atomics on memory that is not 8-byte aligned
 	cm         cmState
 	sendMu     sync.Mutex // guards sendOut
@@ -218,7 +220,24 @@ func (d *Device) addQP(q *qp) error {
 	return nil
 }
 
+// rxLookupQP is lookupQP for the receive path (rxMu held): packets come
+// in runs for one QP, so the last one found is tried first.
+func (d *Device) rxLookupQP(n uint32) *qp {
+	if d.rxQP != nil && d.rxQPN == n {
+		return d.rxQP
+	}
+	q := d.lookupQP(n)
+	if q != nil {
+		d.rxQP, d.rxQPN = q, n
+	}
+	return q
+}
+
+// removeQP takes q out of the device; rxMu is held (see Destroy).
 func (d *Device) removeQP(q *qp) {
+	if d.rxQP == q {
+		d.rxQP = nil
+	}
 	d.mu.Lock()
 	delete(d.qps, q.qpn)
 	d.mu.Unlock()
@@ -350,32 +369,40 @@ func (d *Device) lockRx() {
 // predicted (large READs stay zero-copy).
 func (d *Device) Predict(p []link.Prediction, in link.Interrupter, queued bool) int {
 	if d.rxIntr.Load() == nil {
-		d.rxIntr.Store(&in)
+		d.keepInterrupter(in)
 	}
 	if d.auth != nil || d.rxWant.Load() > 0 {
 		return 0
 	}
-	lock := func(q *qp) bool {
-		if queued {
-			return q.mu.TryLock()
-		}
-		q.mu.Lock()
-		return true
-	}
 	n := 0
-	if q := d.predictQP.Load(); q != nil && lock(q) {
+	if q := d.predictQP.Load(); q != nil && lockToPredict(q, queued) {
 		if !q.dead && q.state == verbs.StateRTS {
 			n = q.req.predict(p)
 		}
 		q.mu.Unlock()
 	}
-	if q := d.predictWQP.Load(); n == 0 && q != nil && lock(q) {
+	if q := d.predictWQP.Load(); n == 0 && q != nil && lockToPredict(q, queued) {
 		if !q.dead {
 			n = q.predictWrite(p)
 		}
 		q.mu.Unlock()
 	}
 	return n
+}
+
+// keepInterrupter records the link's Interrupter for lockRx. It is a
+// function of its own so that only its argument escapes: storing the
+// address of Predict's parameter made every Predict allocate.
+func (d *Device) keepInterrupter(in link.Interrupter) { d.rxIntr.Store(&in) }
+
+// lockToPredict takes q's lock for Predict: only if it is free when a
+// datagram is queued (see Predict), else waiting for it.
+func lockToPredict(q *qp, queued bool) bool {
+	if queued {
+		return q.mu.TryLock()
+	}
+	q.mu.Lock()
+	return true
 }
 
 // RxLock implements link.Receiver.
@@ -491,7 +518,7 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 		return nil
 	}
 	h := &d.steerHdr
-	q := d.lookupQP(h.DestQP)
+	q := d.rxLookupQP(h.DestQP)
 	if q == nil {
 		return nil
 	}
@@ -543,7 +570,7 @@ func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 		d.cm.onPacket(d, from, &h, payload)
 		return
 	}
-	q := d.lookupQP(h.DestQP)
+	q := d.rxLookupQP(h.DestQP)
 	if q == nil {
 		d.stats.noQP.Add(1)
 		if h.Op.IsRequest() {

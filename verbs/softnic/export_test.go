@@ -21,6 +21,16 @@ func init() {
 	}
 }
 
+// NoDebugCheck turns the requester's invariant check off, so that a
+// benchmark measures what production runs (the check walks the send
+// queue and copies the header after every response); the returned
+// function turns it back on.
+func NoDebugCheck() (restore func()) {
+	saved := debugCheck
+	debugCheck = nil
+	return func() { debugCheck = saved }
+}
+
 // DebugQP describes a QP's requester state for test failure messages.
 func DebugQP(v verbs.QP) string {
 	q := v.(*qp)
