@@ -89,6 +89,26 @@ func TestTickerDropsUntakenTicks(t *testing.T) {
 	}
 }
 
+// TestSystemTicker: on the real clock the ticker is a time.Ticker; it
+// delivers ticks in time order until stopped.
+func TestSystemTicker(t *testing.T) {
+	tk := clock.NewTicker(clock.System{}, time.Millisecond)
+	defer tk.Stop()
+	guard := time.After(time.Minute) // a hang guard, not a speed limit
+	var last time.Time
+	for range 3 {
+		select {
+		case now := <-tk.C:
+			if !now.After(last) {
+				t.Fatalf("tick at %v after one at %v", now, last)
+			}
+			last = now
+		case <-guard:
+			t.Fatal("no tick within a minute")
+		}
+	}
+}
+
 func TestOrSystemAndSince(t *testing.T) {
 	if _, ok := clock.OrSystem(nil).(clock.System); !ok {
 		t.Fatal("OrSystem(nil) is not the system clock")
