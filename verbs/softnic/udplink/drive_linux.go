@@ -55,6 +55,11 @@ func (l *Link) releaseLocked() {
 		t.waiters[len(t.waiters)-1] = nil
 		t.waiters = t.waiters[:len(t.waiters)-1]
 		t.nwait.Add(-1)
+		// A driver holds the token with the socket out of the receive
+		// goroutine's epoll set (it is in it when the goroutine hands
+		// over), so that its release adds it back and so reports what
+		// arrived meanwhile that it did not receive.
+		l.armLocked(false)
 		t.holder = tokDriver
 		w.granted = true
 		t.mu.Unlock()
