@@ -122,9 +122,11 @@
 //     event mode: it waits in epoll_wait on an edge-triggered epoll, which
 //     does not take the datagram, and receives (without blocking) only
 //     what arrives while the token is free. While a driver holds the token
+//     (however it got it, from a free token or from the receive goroutine)
 //     the socket is removed from that epoll set, so a datagram the driver
 //     receives wakes no other thread; when the token is freed the socket
-//     is added back, which reports data already queued. After eight
+//     is added back, which reports data already queued, received by the
+//     driver or not. After eight
 //     receives in a row with no driver in between it goes back to blocking
 //     mode.
 //   - Wake (used when a completion that some driver waits for was made by
