@@ -117,7 +117,8 @@
 //     registering, so a condition made true meanwhile is never missed.
 //   - The receive goroutine starts in blocking mode: it holds the token
 //     and blocks in recvmsg, so a link nobody drives (a responder) costs
-//     two receive calls per datagram as before. A driver that finds it
+//     one receive call per datagram (two on the peek path). A driver that
+//     finds it
 //     there kicks it out (below); it hands the token over and switches to
 //     event mode: it waits in epoll_wait on an edge-triggered epoll, which
 //     does not take the datagram, and receives (without blocking) only
@@ -126,9 +127,8 @@
 //     the socket is removed from that epoll set, so a datagram the driver
 //     receives wakes no other thread; when the token is freed the socket
 //     is added back, which reports data already queued, received by the
-//     driver or not. After eight
-//     receives in a row with no driver in between it goes back to blocking
-//     mode.
+//     driver or not. After eight receives in a row with no driver in
+//     between it goes back to blocking mode.
 //   - Wake (used when a completion that some driver waits for was made by
 //     another goroutine) bumps a generation counter and, if a driver is
 //     blocked in recvmsg, sends the link's own address an empty datagram
