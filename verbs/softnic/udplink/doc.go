@@ -118,8 +118,7 @@
 //   - The receive goroutine starts in blocking mode: it holds the token
 //     and blocks in recvmsg, so a link nobody drives (a responder) costs
 //     one receive call per datagram (two on the peek path). A driver that
-//     finds it
-//     there kicks it out (below); it hands the token over and switches to
+//     finds it there kicks it out (below); it hands the token over and switches to
 //     event mode: it waits in epoll_wait on an edge-triggered epoll, which
 //     does not take the datagram, and receives (without blocking) only
 //     what arrives while the token is free. While a driver holds the token
