@@ -567,7 +567,10 @@ func (n *Node) onRecv(wc *verbs.WC) {
 // Send sends msg to port on peer gid and returns once it is queued on
 // the port (small) or pulled by the reader (large). It fails with
 // ErrNoPort if the port is not bound, and with ErrPortFull if the port's
-// queue stayed full until ctx ended (it retries meanwhile).
+// queue stayed full until ctx ended (it retries meanwhile). A small
+// message whose attempt was on its way when ctx ended may still be
+// queued by the receiver after Send returned its error, if the port has
+// room by the time it arrives.
 func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) error {
 	p, err := n.peerRef(ctx, gid)
 	if err != nil {
@@ -610,7 +613,7 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 	backoff := time.Millisecond
 	full := false // the port was full at least once
 	portFull := func() error {
-		return fmt.Errorf("%w: port %d on gid %d (%d queued) until %v", ErrPortFull, port, gid, n.cfg.PortDepth, context.Cause(ctx))
+		return fmt.Errorf("%w: port %d on gid %d until %v", ErrPortFull, port, gid, context.Cause(ctx))
 	}
 	for {
 		payload := msg

@@ -144,11 +144,26 @@ func TestFullPortDoesNotBlockOtherPorts(t *testing.T) {
 	if q := full.Queued(); q != 2 {
 		t.Fatalf("port 5 holds %d messages, want its depth 2", q)
 	}
-	// Reading makes room again.
-	if _, err := full.Recv(ctx, make([]byte, 8)); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.n.Send(ctx, 1, 5, []byte{3}); err != nil {
+	// Reading makes room again: message 3 gets in once the reader reads.
+	// The cancelled message 2 may get in first: its sender gave up while
+	// its last attempt was on its way, and the receiver queues it if the
+	// read made room by then. So the reader reads until message 3 is
+	// there, while the clock runs for the sender's retries.
+	if _, err := c.drive(5*time.Millisecond, time.Minute, func() error {
+		errc := make(chan error, 1)
+		go func() { errc <- b.n.Send(ctx, 1, 5, []byte{3}) }()
+		buf := make([]byte, 8)
+		for {
+			m, err := full.Recv(ctx, buf)
+			if err != nil {
+				return fmt.Errorf("recv port 5: %w", err)
+			}
+			if m.Len == 1 && buf[0] == 3 {
+				break
+			}
+		}
+		return <-errc
+	}); err != nil {
 		t.Fatalf("send after the reader made room: %v", err)
 	}
 	if err := b.n.Send(ctx, 1, 99, []byte("lost?")); !errors.Is(err, qpcore.ErrNoPort) {
