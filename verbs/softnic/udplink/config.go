@@ -76,6 +76,12 @@ type Counters struct {
 	Kicks          uint64 // Wake datagrams received (a driver blocked receiving had to look again)
 	RxTimeouts     uint64 // blocking receives holding RxLock that returned after rxWaitMax with nothing (they bound a lost kick)
 	RxInterrupted  uint64 // blocking receives holding RxLock that a signal interrupted (EINTR: with a receive timeout the kernel does not restart them)
+	// EpollMoves counts epoll_ctl calls that took the socket out of the
+	// receive goroutine's epoll set or put it back. A synchronous caller
+	// that drives again within lingerFor of its last Drive makes none
+	// (see "Run to completion" in the package doc).
+	EpollMoves   uint64
+	LingerRearms uint64 // times the receive goroutine put the socket back after drivers stopped coming
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
 	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)

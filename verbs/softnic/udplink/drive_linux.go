@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -26,9 +27,23 @@ type rxToken struct {
 	mu      sync.Mutex // guards the fields below except nwait
 	holder  int
 	waiters []*driveWaiter // Drive callers waiting for the token, oldest first
-	armed   bool           // the socket is in the receive goroutine's epoll set (it is, unless a driver holds the token)
+	armed   bool           // the socket is in the receive goroutine's epoll set (never while a driver holds the token)
 	nwait   atomic.Int32   // len(waiters), readable without mu
+
+	// Lingering: a driver that leaves the token leaves the socket out of
+	// the epoll set, and the receive goroutine's wait gets a deadline; when
+	// it passes, the goroutine adds the socket back unless drivers came
+	// meanwhile. See "Run to completion" in the package doc.
+	drove     bool // a driver left the token since the receive goroutine last looked
+	lingering bool // the receive goroutine's wait has a deadline
 }
+
+// lingerFor is how long the socket stays out of the receive goroutine's
+// epoll set after drivers stop coming. It bounds the extra wait of a
+// datagram that arrives after the last driver left (at most twice this),
+// and the receive goroutine wakes at most once per period while drivers
+// keep coming.
+const lingerFor = 500 * time.Microsecond
 
 // driveWaiter is a Drive caller waiting for the token.
 type driveWaiter struct {
@@ -67,12 +82,39 @@ func (l *Link) releaseLocked() {
 		return
 	}
 	if t.holder == tokDriver {
-		// Whatever arrived since the driver's last receive, and anything
-		// later, wakes the receive goroutine.
-		l.armLocked(true)
+		// Linger: leave the socket out of the epoll set, so that a driver
+		// that comes back soon (a synchronous caller's next operation)
+		// takes the token without a system call. The receive goroutine
+		// adds the socket back once drivers have stopped coming for
+		// lingerFor, which reports whatever arrived meanwhile.
+		t.drove = true
+		if !t.lingering && l.epFile != nil {
+			t.lingering = true
+			_ = l.epFile.SetReadDeadline(time.Now().Add(l.linger))
+		}
 	}
 	t.holder = tokFree
 	t.mu.Unlock()
+}
+
+// lingerLapsed is the receive goroutine's check when its wait's deadline
+// passed: it adds the socket back to the epoll set if no driver came for
+// a whole period, or waits another period.
+func (l *Link) lingerLapsed() {
+	t := &l.tok
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.holder != tokFree || t.drove {
+		t.drove = false
+		_ = l.epFile.SetReadDeadline(time.Now().Add(l.linger))
+		return
+	}
+	if !t.armed {
+		l.armLocked(true) // reports data already queued: the next wait returns at once
+		l.c.lingerRearms.Add(1)
+	}
+	t.lingering = false
+	_ = l.epFile.SetReadDeadline(time.Time{})
 }
 
 // armLocked adds the socket to (on) or removes it from the receive
@@ -93,6 +135,7 @@ func (l *Link) armLocked(on bool) {
 		return
 	}
 	t.armed = on
+	l.c.epollMoves.Add(1)
 }
 
 // Drive implements link.Driver.

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -63,6 +66,9 @@ type Link struct {
 	bgInRecv    atomic.Bool   // the receive goroutine is (about to be) blocked in recvmsg
 	driveSeq    atomic.Uint64 // bumped by every Drive that took the token
 	epfd        int           // edge-triggered epoll on fd for the receive goroutine's event mode
+	epFile      *os.File      // epfd, registered with Go's network poller (owns epfd)
+	epWait      syscall.RawConn
+	linger      time.Duration // lingerFor; tests change it before Start
 
 	c counters
 }
@@ -79,6 +85,7 @@ type counters struct {
 	rxProbes, rxInterrupted                    atomic.Uint64
 	_                                          [64]byte
 	pmtuProbes, tooBig, kicks, rxTimeouts      atomic.Uint64
+	epollMoves, lingerRearms                   atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -90,6 +97,7 @@ func Open(cfg Config) (*Link, error) {
 	}
 	l := &Link{fd: -1}
 	l.epfd = -1
+	l.linger = lingerFor
 	l.pmtu.probeFd = -1
 	family := unix.AF_INET
 	if ap.Addr().Is6() {
@@ -105,9 +113,7 @@ func Open(cfg Config) (*Link, error) {
 		if l.pmtu.probeFd >= 0 {
 			unix.Close(l.pmtu.probeFd)
 		}
-		if l.epfd >= 0 {
-			unix.Close(l.epfd)
-		}
+		l.closeEpoll()
 		return nil, err
 	}
 	l.fd = fd
@@ -159,6 +165,20 @@ func (l *Link) setup(fd int, ap netip.AddrPort, cfg Config) error {
 		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
 	}
 	l.epfd = ep
+	if err := unix.SetNonblock(ep, true); err != nil {
+		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
+	}
+	l.epFile = os.NewFile(uintptr(ep), "udplink-epoll")
+	rc, err := l.epFile.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("udplink: epoll for %s: %w", ap, err)
+	}
+	l.epWait = rc
+	// The receive goroutine's waits rely on the poller (and its
+	// deadlines): refuse a descriptor it did not take.
+	if err := l.epFile.SetReadDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("udplink: epoll for %s: not pollable: %w", ap, err)
+	}
 	l.tok.armed = true
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | (unix.EPOLLET & 0xffffffff), Fd: int32(fd)}
 	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
@@ -270,6 +290,13 @@ func (l *Link) close() error {
 	if err := unix.Shutdown(l.fd, unix.SHUT_RDWR); err != nil && err != unix.ENOTCONN {
 		errs = append(errs, fmt.Errorf("udplink: shutdown %s: %w", l.local, err))
 	}
+	// A receive goroutine waiting with the socket out of its epoll set
+	// (lingering) is not woken by the shutdown: end its wait.
+	l.tok.mu.Lock()
+	if l.epFile != nil {
+		_ = l.epFile.SetReadDeadline(time.Unix(1, 0))
+	}
+	l.tok.mu.Unlock()
 	if done != nil {
 		<-done
 	}
@@ -280,10 +307,7 @@ func (l *Link) close() error {
 	if err := unix.Close(fd); err != nil {
 		errs = append(errs, fmt.Errorf("udplink: close %s: %w", l.local, err))
 	}
-	if l.epfd >= 0 {
-		unix.Close(l.epfd)
-		l.epfd = -1
-	}
+	l.closeEpoll()
 	l.pmtu.mu.Lock()
 	if l.pmtu.probeFd >= 0 {
 		unix.Close(l.pmtu.probeFd)
@@ -326,6 +350,8 @@ func (l *Link) Counters() Counters {
 		TooBig:         c.tooBig.Load(),
 		Kicks:          c.kicks.Load(),
 		RxTimeouts:     c.rxTimeouts.Load(),
+		EpollMoves:     c.epollMoves.Load(),
+		LingerRearms:   c.lingerRearms.Load(),
 		RxInterrupted:  c.rxInterrupted.Load(),
 		TxGSOMessages:  c.txGSOMessages.Load(),
 		TxDrops:        c.txDrops.Load(),
@@ -337,4 +363,16 @@ func (l *Link) Counters() Counters {
 		RcvBuf:         l.rcvBuf,
 		SndBuf:         l.sndBuf,
 	}
+}
+
+// closeEpoll closes the receive goroutine's epoll descriptor.
+func (l *Link) closeEpoll() {
+	l.tok.mu.Lock()
+	defer l.tok.mu.Unlock()
+	if l.epFile != nil {
+		l.epFile.Close()
+	} else if l.epfd >= 0 {
+		unix.Close(l.epfd)
+	}
+	l.epfd = -1
 }

@@ -1,7 +1,9 @@
 package udplink
 
 import (
+	"errors"
 	"net/netip"
+	"os"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -162,21 +164,43 @@ func (l *Link) rxLoop(r link.Receiver, rx *rxState) {
 			}
 			continue
 		}
+		// Wait in Go's network poller, which holds no P while it waits:
+		// a goroutine blocked in epoll_wait would hold one, and with
+		// every P in a system call the runtime hands a blocked driver's P
+		// to a new thread (sysmon's retake), which costs the driver a
+		// thread switch when its recvmsg returns.
 		var ev [1]unix.EpollEvent
-		_, err := unix.EpollWait(l.epfd, ev[:], -1)
-		l.c.rxSyscalls.Add(1)
+		var err error
+		rerr := l.epWait.Read(func(fd uintptr) bool {
+			for {
+				var n int
+				n, err = unix.EpollWait(int(fd), ev[:], 0)
+				l.c.rxSyscalls.Add(1)
+				if err == unix.EINTR {
+					continue
+				}
+				return n > 0 || err != nil || l.closing.Load()
+			}
+		})
 		if l.closing.Load() {
 			return
 		}
-		if err != nil && err != unix.EINTR {
+		if errors.Is(rerr, os.ErrDeadlineExceeded) {
+			l.lingerLapsed()
+			continue
+		}
+		if rerr != nil || err != nil {
+			// Cannot happen (Open checked that the poller took the
+			// descriptor); count it and do not spin.
 			l.c.rxErrors.Add(1)
 			time.Sleep(time.Millisecond)
 			continue
 		}
 		t.mu.Lock()
 		if t.holder != tokFree {
-			// A driver took the token meanwhile and receives it; when it
-			// leaves, re-adding the socket reports what is left.
+			// A driver took the token meanwhile and receives it; once
+			// drivers stop coming, re-adding the socket reports what is
+			// left (lingerLapsed).
 			t.mu.Unlock()
 			continue
 		}
