@@ -126,7 +126,9 @@
 //     epoll_wait holds no P: with every P in a system call, the runtime
 //     hands a blocked driver's P to another thread, and the driver pays a
 //     thread switch when its recvmsg returns. After eight receives in a
-//     row with no driver in between it goes back to blocking mode.
+//     row with no driver in between it goes back to blocking mode. The
+//     socket is in the epoll set only in event mode: in blocking mode
+//     every datagram would wake a poller thread for nothing.
 //   - While a driver holds the token (however it got it) the socket is out
 //     of that epoll set, so a datagram the driver receives wakes no other
 //     thread. When the last driver leaves, the socket stays out for a
