@@ -34,8 +34,9 @@ type rxToken struct {
 	// the epoll set, and the receive goroutine's wait gets a deadline; when
 	// it passes, the goroutine adds the socket back unless drivers came
 	// meanwhile. See "Run to completion" in the package doc.
-	drove     bool // a driver left the token since the receive goroutine last looked
-	lingering bool // the receive goroutine's wait has a deadline
+	drove     bool      // a driver left the token since the receive goroutine last looked
+	lingering bool      // the receive goroutine's wait has a deadline
+	offUntil  time.Time // no lingering before then: a datagram waited for a lapse
 }
 
 // lingerFor is how long the socket stays out of the receive goroutine's
@@ -44,6 +45,11 @@ type rxToken struct {
 // and the receive goroutine wakes at most once per period while drivers
 // keep coming.
 const lingerFor = 500 * time.Microsecond
+
+// lingerOffFor is how long a link does not linger after a datagram that
+// nobody drove for waited for a lapse (a node that also serves requests,
+// whose arrivals no driver of its own receives).
+const lingerOffFor = time.Second
 
 // driveWaiter is a Drive caller waiting for the token.
 type driveWaiter struct {
@@ -87,10 +93,15 @@ func (l *Link) releaseLocked() {
 		// takes the token without a system call. The receive goroutine
 		// adds the socket back once drivers have stopped coming for
 		// lingerFor, which reports whatever arrived meanwhile.
-		t.drove = true
-		if !t.lingering && l.epFile != nil {
-			t.lingering = true
-			_ = l.epFile.SetReadDeadline(time.Now().Add(l.linger))
+		now := time.Now()
+		if now.Before(t.offUntil) {
+			l.armLocked(true) // not lingering for now (see lingerLapsed)
+		} else {
+			t.drove = true
+			if !t.lingering && l.epFile != nil {
+				t.lingering = true
+				_ = l.epFile.SetReadDeadline(now.Add(l.linger))
+			}
 		}
 	}
 	t.holder = tokFree
@@ -104,17 +115,31 @@ func (l *Link) lingerLapsed() {
 	t := &l.tok
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.holder != tokFree || t.drove {
-		t.drove = false
-		_ = l.epFile.SetReadDeadline(time.Now().Add(l.linger))
-		return
+	if t.holder == tokFree {
+		stuck := false
+		if !t.armed {
+			n, err := unix.IoctlGetInt(l.fd, unix.SIOCINQ)
+			stuck = err == nil && n > 0
+		}
+		if stuck || !t.drove {
+			if stuck {
+				// A datagram arrived after the last driver left and
+				// waited for this lapse: this link receives traffic its
+				// drivers do not, so it stops lingering for a while.
+				t.offUntil = time.Now().Add(lingerOffFor)
+				l.c.lingerMisses.Add(1)
+			}
+			if !t.armed {
+				l.armLocked(true) // reports data already queued: the next wait returns at once
+				l.c.lingerRearms.Add(1)
+			}
+			t.lingering, t.drove = false, false
+			_ = l.epFile.SetReadDeadline(time.Time{})
+			return
+		}
 	}
-	if !t.armed {
-		l.armLocked(true) // reports data already queued: the next wait returns at once
-		l.c.lingerRearms.Add(1)
-	}
-	t.lingering = false
-	_ = l.epFile.SetReadDeadline(time.Time{})
+	t.drove = false
+	_ = l.epFile.SetReadDeadline(time.Now().Add(l.linger))
 }
 
 // armLocked adds the socket to (on) or removes it from the receive

@@ -225,8 +225,21 @@ func TestLingerLapses(t *testing.T) {
 		if recs[i].psn != uint32(i+1) {
 			t.Fatalf("delivered psn %d, want %d", recs[i].psn, i+1)
 		}
-		if s := l.Counters(); s.LingerRearms == rearms {
+		s := l.Counters()
+		if s.LingerRearms == rearms {
 			t.Errorf("delivered without a lapse: LingerRearms %d", s.LingerRearms)
+		}
+		// The datagram waited for the lapse: the link stops lingering, a
+		// driver's release puts the socket back at once.
+		if s.LingerMisses != 1 {
+			t.Errorf("LingerMisses %d, want 1", s.LingerMisses)
+		}
+		driveHeld(t, l, c, peer, i+2)
+		l.tok.mu.Lock()
+		armed := l.tok.armed
+		l.tok.mu.Unlock()
+		if !armed {
+			t.Error("a Drive after a miss left the socket out of the set (still lingering)")
 		}
 		return
 	}

@@ -85,7 +85,7 @@ type counters struct {
 	rxProbes, rxInterrupted                    atomic.Uint64
 	_                                          [64]byte
 	pmtuProbes, tooBig, kicks, rxTimeouts      atomic.Uint64
-	epollMoves, lingerRearms                   atomic.Uint64
+	epollMoves, lingerRearms, lingerMisses     atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -352,6 +352,7 @@ func (l *Link) Counters() Counters {
 		RxTimeouts:     c.rxTimeouts.Load(),
 		EpollMoves:     c.epollMoves.Load(),
 		LingerRearms:   c.lingerRearms.Load(),
+		LingerMisses:   c.lingerMisses.Load(),
 		RxInterrupted:  c.rxInterrupted.Load(),
 		TxGSOMessages:  c.txGSOMessages.Load(),
 		TxDrops:        c.txDrops.Load(),
