@@ -82,9 +82,11 @@ type Counters struct {
 	// (see "Run to completion" in the package doc).
 	EpollMoves   uint64
 	LingerRearms uint64 // times the receive goroutine put the socket back after drivers stopped coming
-	// LingerMisses counts lapses that found a datagram waiting: it
-	// arrived after the last driver left, and nobody received it until
-	// the lapse. Each one turns lingering off for lingerOffFor (1 s).
+	// LingerMisses counts lapses that found a request (or a CM message or
+	// handshake) waiting: it arrived after the last driver left, and
+	// nobody received it until the lapse. Each one turns lingering off for
+	// lingerOffFor (1 s). A late response or acknowledgment found there is
+	// not a miss: nobody waits on it.
 	LingerMisses uint64
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
 var _ link.Driver = (*Link)(nil)
@@ -116,16 +117,13 @@ func (l *Link) lingerLapsed() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.holder == tokFree {
-		stuck := false
-		if !t.armed {
-			n, err := unix.IoctlGetInt(l.fd, unix.SIOCINQ)
-			stuck = err == nil && n > 0
-		}
+		stuck := !t.armed && l.requestQueued()
 		if stuck || !t.drove {
 			if stuck {
-				// A datagram arrived after the last driver left and
-				// waited for this lapse: this link receives traffic its
-				// drivers do not, so it stops lingering for a while.
+				// A request arrived after the last driver left and
+				// waited for this lapse: this link serves peers, whose
+				// requests its own drivers need not receive, so it stops
+				// lingering for a while.
 				t.offUntil = time.Now().Add(lingerOffFor)
 				l.c.lingerMisses.Add(1)
 			}
@@ -326,4 +324,18 @@ func (l *Link) kick() {
 // Wake.
 func (l *Link) isKick(from netip.AddrPort) bool {
 	return from.Port() == l.local.Port() && (from.Addr() == l.kickAddr.Addr().Unmap() || from.Addr() == l.local.Addr())
+}
+
+// requestQueued reports whether the datagram at the head of the socket's
+// queue is one a peer waits on: a request, a connection-management
+// message or a handshake. A late response or acknowledgment (a duplicate,
+// or one for an operation already completed) is not: nobody waits on it.
+func (l *Link) requestQueued() bool {
+	var b [wire.MaxHeaderLen]byte
+	n, _, err := unix.Recvfrom(l.fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	if err != nil || n <= 0 {
+		return false
+	}
+	h, _, err := wire.Parse(b[:min(n, len(b))])
+	return err == nil && (h.Op.IsRequest() || h.Op.IsCM() || h.Op.IsHandshake())
 }

@@ -182,8 +182,18 @@ func TestLingerKeepsDriversOffEpoll(t *testing.T) {
 
 // TestLingerLapses: once drivers stop coming, the receive goroutine puts
 // the socket back in its set, which reports a datagram that arrived while
-// it was out; nobody drives for it.
+// it was out; nobody drives for it. A request that waited so (a peer
+// waits on it) turns lingering off; a late response does not.
 func TestLingerLapses(t *testing.T) {
+	for _, tc := range []struct {
+		op   wire.Opcode
+		miss bool
+	}{{wire.OpSend, true}, {wire.OpWrite, true}, {wire.OpReadResp, false}, {wire.OpAck, false}} {
+		t.Run(tc.op.String(), func(t *testing.T) { lingerLapse(t, tc.op, tc.miss) })
+	}
+}
+
+func lingerLapse(t *testing.T, op wire.Opcode, miss bool) {
 	checkGoroutines(t)
 	l := openLink(t, Config{Addr: loopback})
 	l.linger = 20 * time.Millisecond
@@ -198,6 +208,7 @@ func TestLingerLapses(t *testing.T) {
 			t.Fatal("the socket was always back in the set right after a Drive")
 		}
 		driveHeld(t, l, c, peer, i)
+		pkt := hdr(op, wire.FlagFirst|wire.FlagLast, uint32(i+1))
 		// Hold the token's lock so that the linger cannot lapse before
 		// the datagram is queued.
 		l.tok.mu.Lock()
@@ -206,7 +217,7 @@ func TestLingerLapses(t *testing.T) {
 			driveOne(t, l, c, peer, i+1) // keep the psns in step
 			continue
 		}
-		if _, err := peer.Write(hdr(wire.OpSend, wire.FlagFirst|wire.FlagLast, uint32(i+1))); err != nil {
+		if _, err := peer.Write(pkt); err != nil {
 			t.Fatal(err)
 		}
 		for {
@@ -229,17 +240,21 @@ func TestLingerLapses(t *testing.T) {
 		if s.LingerRearms == rearms {
 			t.Errorf("delivered without a lapse: LingerRearms %d", s.LingerRearms)
 		}
-		// The datagram waited for the lapse: the link stops lingering, a
-		// driver's release puts the socket back at once.
-		if s.LingerMisses != 1 {
-			t.Errorf("LingerMisses %d, want 1", s.LingerMisses)
+		want := uint64(0)
+		if miss {
+			want = 1
 		}
+		if s.LingerMisses != want {
+			t.Errorf("LingerMisses %d, want %d", s.LingerMisses, want)
+		}
+		// After a miss a driver's release puts the socket back at once;
+		// otherwise it lingers.
 		driveHeld(t, l, c, peer, i+2)
 		l.tok.mu.Lock()
 		armed := l.tok.armed
 		l.tok.mu.Unlock()
-		if !armed {
-			t.Error("a Drive after a miss left the socket out of the set (still lingering)")
+		if armed != miss {
+			t.Errorf("after a Drive: socket in the set %v, want %v", armed, miss)
 		}
 		return
 	}
