@@ -157,7 +157,15 @@ func (c *cq) Wait(ctx context.Context) error {
 	}
 }
 
-func (c *cq) Notify() <-chan struct{} { return c.notify }
+func (c *cq) Notify() <-chan struct{} {
+	// Whoever asks is about to wait without driving: a lingering link
+	// must watch its socket again, or the completion waits for the
+	// linger's end.
+	if lg, ok := c.dev.link.(link.Lingerer); ok {
+		lg.StopLinger()
+	}
+	return c.notify
+}
 
 // Overflows reports how many completions were dropped because the CQ was
 // full.

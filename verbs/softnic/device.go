@@ -67,6 +67,7 @@ type Device struct {
 	rxMu       sync.Mutex
 	rxWant     atomic.Int32                     // lockRx callers waiting for rxMu; Predict declines while > 0
 	predictQP  atomic.Pointer[qp]               // the QP that last posted a READ: Predict looks there first
+	sendQueued atomic.Int64                     // WRs in every QP's send queue (posted, not completed): Quiet
 	predictWQP atomic.Pointer[qp]               // the QP that last began a multi-packet WRITE as responder
 	rxIntr     atomic.Pointer[link.Interrupter] // the link's, from the first Predict; nil until then
 	rxOut      outbox                           // responses built by the receive path; guarded by rxMu
@@ -649,3 +650,8 @@ func (d *Device) isProbe(hdr, payload []byte) bool {
 		}
 	}
 }
+
+// Quiet implements link.Quiescer: no QP has a send WR outstanding, so no
+// completion is owed to anyone who waits without driving (a lingering
+// link may leave its socket unwatched).
+func (d *Device) Quiet() bool { return d.sendQueued.Load() == 0 }

@@ -119,6 +119,7 @@ func (r *requester) reset() {
 	if r.timerPending && r.timer.Stop() {
 		r.timerPending, r.timer = false, nil
 	} // else it is running: it finds nothing owed and lapses
+	r.q.dev.sendQueued.Add(-int64(len(r.sq)))
 	r.sq, r.tx, r.rdOut = nil, 0, 0
 	r.rnrWait, r.gapValid = false, false
 	r.target = verbs.DCTarget{}
@@ -154,6 +155,7 @@ func (r *requester) post(wr *verbs.SendWR) {
 		w.local = wr.Local.Bytes()
 	}
 	r.sq = append(r.sq, w)
+	r.q.dev.sendQueued.Add(1)
 	if w.wr.Op == verbs.OpRead && len(w.local) > 0 {
 		r.q.dev.predictQP.Store(r.q)
 	}
@@ -552,6 +554,7 @@ func (r *requester) complete() {
 		copy(r.sq, r.sq[n:])
 		clear(r.sq[len(r.sq)-n:])
 		r.sq = r.sq[:len(r.sq)-n]
+		r.q.dev.sendQueued.Add(-int64(n))
 		r.tx -= n
 		if r.tx < 0 {
 			r.tx = 0

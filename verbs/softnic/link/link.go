@@ -114,6 +114,25 @@ type Driver interface {
 	Wake()
 }
 
+// Lingerer is implemented by a Driver whose socket may stay unwatched for
+// a short while after the last driver left (udplink's lingering), so that
+// a synchronous caller's next Drive costs no system call. Datagrams that
+// arrive meanwhile wait for the next driver or the end of the linger.
+type Lingerer interface {
+	// StopLinger ends a linger now: call it before waiting for a
+	// completion without driving. It costs one atomic load when the link
+	// is not lingering.
+	StopLinger()
+}
+
+// Quiescer is implemented by a Receiver that can tell whether it has
+// operations outstanding whose completions someone may wait for without
+// driving. A lingering link asks it when the last driver leaves and does
+// not linger while it reports false.
+type Quiescer interface {
+	Quiet() bool
+}
+
 // ErrDone is returned by Driver.Drive when its done channel was closed
 // before ready reported true.
 var ErrDone = errors.New("link: drive abandoned (done closed)")

@@ -88,6 +88,7 @@ type Counters struct {
 	// lingerOffFor (1 s). A late response or acknowledgment found there is
 	// not a miss: nobody waits on it.
 	LingerMisses uint64
+	LingerStops  uint64 // lingers ended by StopLinger (a waiter that does not drive)
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
 	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)

@@ -13,7 +13,10 @@ import (
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
-var _ link.Driver = (*Link)(nil)
+var (
+	_ link.Driver   = (*Link)(nil)
+	_ link.Lingerer = (*Link)(nil)
+)
 
 // Receive-token holders.
 const (
@@ -35,9 +38,10 @@ type rxToken struct {
 	// the epoll set, and the receive goroutine's wait gets a deadline; when
 	// it passes, the goroutine adds the socket back unless drivers came
 	// meanwhile. See "Run to completion" in the package doc.
-	drove     bool      // a driver left the token since the receive goroutine last looked
-	lingering bool      // the receive goroutine's wait has a deadline
-	offUntil  time.Time // no lingering before then: a datagram waited for a lapse
+	drove     bool        // a driver left the token since the receive goroutine last looked
+	lingering bool        // the receive goroutine's wait has a deadline
+	idle      atomic.Bool // the token is free with the socket out of the set (lingering): StopLinger's fast check
+	offUntil  time.Time   // no lingering before then: a datagram waited for a lapse
 }
 
 // lingerFor is how long the socket stays out of the receive goroutine's
@@ -95,9 +99,14 @@ func (l *Link) releaseLocked() {
 		// adds the socket back once drivers have stopped coming for
 		// lingerFor, which reports whatever arrived meanwhile.
 		now := time.Now()
-		if now.Before(t.offUntil) {
-			l.armLocked(true) // not lingering for now (see lingerLapsed)
+		q, ok := l.r.(link.Quiescer)
+		if now.Before(t.offUntil) || (ok && !q.Quiet()) {
+			// Not lingering: for now (see lingerLapsed), or while
+			// operations are outstanding that someone may wait for
+			// without driving.
+			l.armLocked(true)
 		} else {
+			t.idle.Store(true)
 			t.drove = true
 			if !t.lingering && l.epFile != nil {
 				t.lingering = true
@@ -106,6 +115,20 @@ func (l *Link) releaseLocked() {
 		}
 	}
 	t.holder = tokFree
+	t.mu.Unlock()
+}
+
+// StopLinger implements link.Lingerer.
+func (l *Link) StopLinger() {
+	t := &l.tok
+	if !t.idle.Load() {
+		return
+	}
+	t.mu.Lock()
+	if t.holder == tokFree && !t.armed && l.epfd >= 0 {
+		l.armLocked(true) // reports data already queued
+		l.c.lingerStops.Add(1)
+	}
 	t.mu.Unlock()
 }
 
@@ -158,6 +181,9 @@ func (l *Link) armLocked(on bool) {
 		return
 	}
 	t.armed = on
+	if on {
+		t.idle.Store(false)
+	}
 	l.c.epollMoves.Add(1)
 }
 

@@ -4,6 +4,7 @@ package udplink
 
 import (
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,4 +259,57 @@ func lingerLapse(t *testing.T, op wire.Opcode, miss bool) {
 		}
 		return
 	}
+}
+
+// quietCollector is a collector that reports Quiet as told.
+type quietCollector struct {
+	*collector
+	quiet atomic.Bool
+}
+
+func (q *quietCollector) Quiet() bool { return q.quiet.Load() }
+
+// TestLingerOnlyWhenQuiet: the socket lingers after a driver leaves only
+// while the receiver has nothing outstanding that a waiter who does not
+// drive may wait for (link.Quiescer), and a waiter about to sleep without
+// driving ends a linger (StopLinger): otherwise its completion would wait
+// for the lapse. The cold connect of examples/race, whose meta lookup
+// waits on a CQ's notification, took 1.8 ms instead of 0.4 without it.
+func TestLingerOnlyWhenQuiet(t *testing.T) {
+	checkGoroutines(t)
+	l := openLink(t, Config{Addr: loopback})
+	l.linger = time.Hour
+	c := &quietCollector{collector: newCollector(1, 64, false)}
+	l.Start(c)
+	peer := dialLink(t, l)
+	state := func() (armed bool, s Counters) {
+		l.tok.mu.Lock()
+		armed = l.tok.armed
+		l.tok.mu.Unlock()
+		return armed, l.Counters()
+	}
+
+	driveHeld(t, l, c.collector, peer, 1) // not quiet: no linger
+	if armed, _ := state(); !armed {
+		t.Fatal("a driver left the socket out of the set while the receiver was not quiet")
+	}
+	c.quiet.Store(true)
+	driveHeld(t, l, c.collector, peer, 2) // quiet: lingers
+	if armed, _ := state(); armed {
+		t.Fatal("a driver put the socket back while the receiver was quiet")
+	}
+	l.StopLinger()
+	armed, s := state()
+	if !armed || s.LingerStops != 1 {
+		t.Fatalf("after StopLinger: in the set %v, LingerStops %d; want true, 1", armed, s.LingerStops)
+	}
+	l.StopLinger() // not lingering: nothing to do
+	if _, s := state(); s.LingerStops != 1 {
+		t.Errorf("LingerStops %d after a second StopLinger, want 1", s.LingerStops)
+	}
+	// A datagram nobody drives for is delivered at once (a hang guard).
+	if _, err := peer.Write(hdr(wire.OpSend, wire.FlagFirst|wire.FlagLast, 3)); err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, 3)
 }

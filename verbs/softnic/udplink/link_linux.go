@@ -86,6 +86,7 @@ type counters struct {
 	_                                          [64]byte
 	pmtuProbes, tooBig, kicks, rxTimeouts      atomic.Uint64
 	epollMoves, lingerRearms, lingerMisses     atomic.Uint64
+	lingerStops                                atomic.Uint64
 }
 
 // Open creates the socket, binds it to cfg.Addr and configures offloads.
@@ -353,6 +354,7 @@ func (l *Link) Counters() Counters {
 		EpollMoves:     c.epollMoves.Load(),
 		LingerRearms:   c.lingerRearms.Load(),
 		LingerMisses:   c.lingerMisses.Load(),
+		LingerStops:    c.lingerStops.Load(),
 		RxInterrupted:  c.rxInterrupted.Load(),
 		TxGSOMessages:  c.txGSOMessages.Load(),
 		TxDrops:        c.txDrops.Load(),
