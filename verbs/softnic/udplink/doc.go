@@ -142,7 +142,16 @@
 //     (Counters.LingerRearms). A datagram that arrives while the socket
 //     lingers is received by the next driver, or at the latest about
 //     2 x lingerFor later; while drivers keep coming the goroutine wakes
-//     once per period. Close ends a lingering wait at once.
+//     once per period. Close ends a lingering wait at once. Three rules
+//     keep lingering from delaying what someone waits for: a driver
+//     lingers only while the Receiver reports itself quiet
+//     (link.Quiescer: softnic has no send WR outstanding); StopLinger
+//     (link.Lingerer), which softnic calls when a waiter that does not
+//     drive asks for a CQ's notification, ends a linger; and a lapse that
+//     finds a request, CM message or handshake waiting (a peer waits on
+//     it) turns lingering off for a second (Counters.LingerMisses). A late
+//     response or acknowledgment found there does not: nobody waits on
+//     it.
 //   - Wake (used when a completion that some driver waits for was made by
 //     another goroutine) bumps a generation counter and, if a driver is
 //     blocked in recvmsg, sends the link's own address an empty datagram

@@ -41,7 +41,7 @@ type rxToken struct {
 	drove     bool        // a driver left the token since the receive goroutine last looked
 	lingering bool        // the receive goroutine's wait has a deadline
 	idle      atomic.Bool // the token is free with the socket out of the set (lingering): StopLinger's fast check
-	offUntil  time.Time   // no lingering before then: a datagram waited for a lapse
+	offUntil  time.Time   // no lingering before then: a request waited for a lapse
 }
 
 // lingerFor is how long the socket stays out of the receive goroutine's
@@ -51,9 +51,9 @@ type rxToken struct {
 // keep coming.
 const lingerFor = 500 * time.Microsecond
 
-// lingerOffFor is how long a link does not linger after a datagram that
-// nobody drove for waited for a lapse (a node that also serves requests,
-// whose arrivals no driver of its own receives).
+// lingerOffFor is how long a link does not linger after a peer's request
+// waited for a lapse (a node that also serves requests, which its own
+// drivers need not receive).
 const lingerOffFor = time.Second
 
 // driveWaiter is a Drive caller waiting for the token.
@@ -65,7 +65,8 @@ type driveWaiter struct {
 var waiterPool = sync.Pool{New: func() any { return &driveWaiter{ch: make(chan struct{}, 1)} }}
 
 // releaseToken passes the token to the oldest waiting driver, or frees it
-// (the receive goroutine's epoll reports whatever arrives from now on).
+// (the receive goroutine's epoll reports whatever arrives from now on, or,
+// if a driver lingers, once the linger ends).
 func (l *Link) releaseToken() {
 	t := &l.tok
 	t.mu.Lock()
@@ -83,8 +84,9 @@ func (l *Link) releaseLocked() {
 		t.nwait.Add(-1)
 		// A driver holds the token with the socket out of the receive
 		// goroutine's epoll set (it is in it when the goroutine hands
-		// over), so that its release adds it back and so reports what
-		// arrived meanwhile that it did not receive.
+		// over), so that no arrival wakes the goroutine for nothing; the
+		// set reports what the driver did not receive when the socket is
+		// added back (at its release, or when a linger ends).
 		l.armLocked(false)
 		t.holder = tokDriver
 		w.granted = true
