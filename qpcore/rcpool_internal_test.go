@@ -57,8 +57,10 @@ func TestRCPoolFull(t *testing.T) {
 	}
 
 	// A slot freed while a connection waits goes to it.
-	go func() { res <- n.reserveRCWait(context.Background()) }()
+	// Read the count before the waiter starts: it may wait before this
+	// goroutine runs again.
 	waits := n.stats.rcSlotWaits.Load()
+	go func() { res <- n.reserveRCWait(context.Background()) }()
 	waitUntil(func() bool { return n.stats.rcSlotWaits.Load() > waits })
 	n.freeRCSlot()
 	if err := <-res; err != nil {
