@@ -92,7 +92,11 @@ type Counters struct {
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
 	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)
-	GSOFallbacks  uint64 // GSO messages the kernel rejected, resent one datagram each
+	// TxWaits counts sends that found the socket's send buffer full
+	// (EAGAIN without waiting) and then waited for room in a blocking
+	// sendmmsg. Each is two system calls in TxSyscalls.
+	TxWaits      uint64
+	GSOFallbacks uint64 // GSO messages the kernel rejected, resent one datagram each
 
 	GSO           bool  // GSO currently in use
 	GSOMaxSegment int   // largest packet still sent with GSO (0 if GSO is off)

@@ -78,6 +78,7 @@ type Link struct {
 type counters struct {
 	txDatagrams, txBytes, txSyscalls, txErrors atomic.Uint64
 	txGSOMessages, txDrops, gsoFallbacks       atomic.Uint64
+	txWaits                                    atomic.Uint64
 	_                                          [64]byte
 	rxDatagrams, rxBytes, rxSyscalls, rxErrors atomic.Uint64
 	truncated, rxBatches, rxSteered            atomic.Uint64
@@ -358,6 +359,7 @@ func (l *Link) Counters() Counters {
 		RxInterrupted:  c.rxInterrupted.Load(),
 		TxGSOMessages:  c.txGSOMessages.Load(),
 		TxDrops:        c.txDrops.Load(),
+		TxWaits:        c.txWaits.Load(),
 		GSOFallbacks:   c.gsoFallbacks.Load(),
 		GSO:            gsoMax > 0,
 		GSOMaxSegment:  gsoMax,
