@@ -2,7 +2,9 @@ package qpcore
 
 import (
 	"sync"
+	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
 )
 
@@ -24,6 +26,19 @@ type effects struct {
 	posting    []*op
 	wrs        []verbs.SendWR
 	delivering []*op // scratch: the done ops of the round being delivered
+
+	// now, when set, is the time a post read under the peer's lock; the
+	// kick of that post reuses it instead of reading the clock again.
+	// Zero everywhere else.
+	now time.Time
+}
+
+// clockNow returns e.now if set, else the clock's time.
+func (e *effects) clockNow(c clock.Clock) time.Time {
+	if !e.now.IsZero() {
+		return e.now
+	}
+	return c.Now()
 }
 
 var effectsPool = sync.Pool{New: func() any { return new(effects) }}
@@ -96,9 +111,11 @@ func (n *Node) apply(e *effects) {
 			// manual clock calls timers on the goroutine that moves time.
 			n.clock.AfterFunc(rnrBackoff, func() { go n.resumeRNR(p) })
 		default:
-			clear(e.batch[:cap(e.batch)])
-			clear(e.posting[:cap(e.posting)])
-			clear(e.wrs[:cap(e.wrs)])
+			// Every user of the scratch slices clears what it used
+			// before reslicing to zero, so nothing past len is set.
+			clear(e.batch)
+			clear(e.posting)
+			clear(e.wrs)
 			e.batch, e.posting, e.wrs = e.batch[:0], e.posting[:0], e.wrs[:0]
 			effectsPool.Put(e)
 			return

@@ -31,15 +31,20 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 		p.mu.Unlock()
 		return nil, err
 	}
-	o, err := n.prepareLocked(ctx, p, v, wr)
+	start, dirAt := n.clock.Now(), p.dirAt
+	o, err := n.prepareLocked(ctx, p, v, wr, start)
 	if err != nil {
 		p.mu.Unlock()
 		return nil, err
 	}
 	o.done = make(chan struct{}, 1)
 	e := newEffects()
+	e.now = start
+	if !p.dirAt.Equal(dirAt) {
+		e.now = n.clock.Now() // the pre-check waited for the directory
+	}
 	n.enqueueLocked(p, v, o)
-	n.noteTrafficLocked(p, v, n.clock.Now(), 1, e)
+	n.noteTrafficLocked(p, v, e.now, 1, e)
 	if n.cfg.NoCoalesce || !n.inFlightLocked(p) {
 		n.kickLocked(p, e)
 	} else {
@@ -47,6 +52,7 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 		// op leaves with whatever else queued by then, one doorbell.
 		n.stats.coalesced.Add(1)
 	}
+	e.now = time.Time{}
 	p.mu.Unlock()
 	n.apply(e)
 	return o, nil
@@ -65,7 +71,7 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 	k := 0
 	var perr error
 	for i := range wrs {
-		o, err := n.prepareLocked(ctx, p, v, &wrs[i])
+		o, err := n.prepareLocked(ctx, p, v, &wrs[i], n.clock.Now())
 		if err != nil {
 			perr = &PostError{Index: base + i, Err: err}
 			break
@@ -86,10 +92,9 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 
 // prepareLocked pre-checks wr and builds its op, registered in the op
 // table. It may release and retake p.mu to read the peer's directory.
-func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR) (*op, error) {
-	// The deadline counts from here: a directory read the pre-check
-	// waits for is part of the operation.
-	start := n.clock.Now()
+func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR, start time.Time) (*op, error) {
+	// The deadline counts from start, before the pre-check: a directory
+	// read it waits for is part of the operation.
 	if err := n.precheckLocked(ctx, p, v, wr); err != nil {
 		n.stats.reject(err)
 		return nil, err
@@ -300,6 +305,7 @@ func (n *Node) postRCOnlyLocked(p *peer, e *effects) {
 // valid directory only internal ops may go (one of them fetches it); the
 // others stay queued, in order.
 func (n *Node) takeBatchLocked(p *peer, q *opQueue, room int, e *effects) []*op {
+	clear(e.batch)
 	batch := e.batch[:0]
 	if p.dirValid {
 		k := min(room, q.len())
@@ -338,8 +344,10 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 	if len(batch) == 0 {
 		return
 	}
+	clear(e.wrs)
+	clear(e.posting)
 	wrs, ops := e.wrs[:0], e.posting[:0]
-	now := n.clock.Now()
+	now := e.clockNow(n.clock)
 	for _, o := range batch {
 		if !n.canRetryLocked(o, now) {
 			// Another attempt would end after the deadline.

@@ -128,6 +128,12 @@ func (c *cq) Poll(out []verbs.WC) int {
 		k++
 	}
 	more := c.n > 0
+	if !more {
+		// Empty: start again at the first slot, so that a CQ used one
+		// completion at a time keeps touching the same, cached memory
+		// instead of walking its whole ring.
+		c.head = 0
+	}
 	c.mu.Unlock()
 	if more {
 		select {

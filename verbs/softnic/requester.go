@@ -485,12 +485,17 @@ func (r *requester) ackUpTo(a wire.PSN) {
 	if r.sentHigh.Less(next) {
 		return // acknowledges something never sent
 	}
-	if r.acked.Less(next) {
+	progressed := r.acked.Less(next)
+	if progressed {
 		r.acked = next
 		r.retries, r.uncounted, r.probe, r.rnrRetries = 0, 0, 0, 0
-		r.lastProgress = r.q.dev.clock.Now()
 	}
 	r.settle()
+	// Progress restarts the ACK timeout of what is still owed; when
+	// nothing is, the timer lapses and the next arm reads the clock.
+	if progressed && r.una.Less(r.sentHigh) {
+		r.lastProgress = r.q.dev.clock.Now()
+	}
 }
 
 // settle marks done every WR below acked that needs nothing more: SENDs

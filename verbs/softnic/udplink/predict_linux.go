@@ -185,7 +185,7 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 		res = rxAgain
 	}
 	if res != rxGot {
-		clear(rx.iov[:])
+		clear(rx.iov[:2*rx.pr.nreg+1]) // the entries recvPredicted set
 		rx.pr.nreg = 0
 		if locked {
 			r.RxUnlock()
@@ -294,9 +294,9 @@ func (l *Link) placePredicted(r link.Receiver, rx *rxState, total, gso int) {
 		n.deliver(r, from, b)
 	}
 	clear(rx.steered[:min(nseg, maxRxSegs)])
+	clear(rx.iov[:2*p.nreg+1]) // the entries recvPredicted set
 	clear(p.reg[:p.nreg])
 	p.nreg = 0
-	clear(rx.iov[:])
 	l.count(total, limit, nseg, &n)
 }
 
