@@ -41,7 +41,7 @@ type rxToken struct {
 	drove     bool        // a driver left the token since the receive goroutine last looked
 	lingering bool        // the receive goroutine's wait has a deadline
 	idle      atomic.Bool // the token is free with the socket out of the set (lingering): StopLinger's fast check
-	offUntil  time.Time   // no lingering before then: a request waited for a lapse
+	offUntil  time.Time   // no lingering before then: a request waited for a lapse; zero when lingering is on
 }
 
 // lingerFor is how long the socket stays out of the receive goroutine's
@@ -100,9 +100,13 @@ func (l *Link) releaseLocked() {
 		// takes the token without a system call. The receive goroutine
 		// adds the socket back once drivers have stopped coming for
 		// lingerFor, which reports whatever arrived meanwhile.
-		now := time.Now()
+		// The clock is read only while lingering is off after a miss
+		// (rare), not on every release.
+		if !t.offUntil.IsZero() && !time.Now().Before(t.offUntil) {
+			t.offUntil = time.Time{}
+		}
 		q, ok := l.r.(link.Quiescer)
-		if now.Before(t.offUntil) || (ok && !q.Quiet()) {
+		if !t.offUntil.IsZero() || (ok && !q.Quiet()) {
 			// Not lingering: for now (see lingerLapsed), or while
 			// operations are outstanding that someone may wait for
 			// without driving.
@@ -112,7 +116,7 @@ func (l *Link) releaseLocked() {
 			t.drove = true
 			if !t.lingering && l.epFile != nil {
 				t.lingering = true
-				_ = l.epFile.SetReadDeadline(now.Add(l.linger))
+				_ = l.epFile.SetReadDeadline(time.Now().Add(l.linger))
 			}
 		}
 	}

@@ -68,7 +68,8 @@ type Link struct {
 	epfd        int           // edge-triggered epoll on fd for the receive goroutine's event mode
 	epFile      *os.File      // epfd, registered with Go's network poller (owns epfd)
 	epWait      syscall.RawConn
-	linger      time.Duration // lingerFor; tests change it before Start
+	linger      time.Duration           // lingerFor; tests change it before Start
+	txCached    atomic.Pointer[txState] // a free txState kept for the next Send (see Send)
 
 	c counters
 }

@@ -27,8 +27,8 @@ type txMeta struct {
 
 // txState is the reusable memory of one Send: the sendmmsg vector and
 // everything it points to, in one heap object so that the pointers stay
-// valid and alive across the system call. States live in txPool; a state
-// belongs to exactly one Send while it is out of the pool.
+// valid and alive across the system call. States live in Link.txCached
+// and txPool; a state belongs to exactly one Send while it is out of them.
 type txState struct {
 	msgs   [txMaxMsgs]unix.Mmsghdr
 	names  [txMaxMsgs]unix.RawSockaddrInet6 // big enough for IPv4 too
@@ -62,9 +62,16 @@ func (l *Link) Send(pkts []link.Packet) error {
 		// READ's destination before the response arrives.
 		l.kick()
 	}
-	st := txPool.Get().(*txState)
+	// The link's own state first (one atomic swap, and the memory the
+	// last Send left in cache); the pool when another Send has it.
+	st := l.txCached.Swap(nil)
+	if st == nil {
+		st = txPool.Get().(*txState)
+	}
 	err := l.send(st, pkts)
-	txPool.Put(st)
+	if !l.txCached.CompareAndSwap(nil, st) {
+		txPool.Put(st)
+	}
 	return err
 }
 
