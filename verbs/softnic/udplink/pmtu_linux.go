@@ -3,6 +3,7 @@ package udplink
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -35,8 +36,20 @@ const maxPMTUEntries = 4096
 type pmtuCache struct {
 	probeFd int // unbound socket of the link's family and namespace, reconnected per probe
 
-	mu sync.RWMutex // guards m; probes run with it write-held
-	m  map[netip.Addr]int
+	mu sync.RWMutex            // guards m; probes run with it write-held
+	m  map[netip.Addr]*pmtuHit // entries are never modified, only replaced
+
+	// last is the most recent hit, read without mu: a node that talks to
+	// one peer at a time (a synchronous caller) asks for the same
+	// destination over and over. Replaced on every other hit and cleared
+	// by forgetPMTU.
+	last atomic.Pointer[pmtuHit]
+}
+
+// pmtuHit is one cached destination and its largest datagram.
+type pmtuHit struct {
+	addr netip.Addr
+	n    int
 }
 
 // setupPMTU forbids fragmentation on fd and opens the probe socket. It runs
@@ -59,7 +72,7 @@ func (l *Link) setupPMTU(fd int) error {
 		return err
 	}
 	l.pmtu.probeFd = pfd
-	l.pmtu.m = make(map[netip.Addr]int)
+	l.pmtu.m = make(map[netip.Addr]*pmtuHit)
 	return nil
 }
 
@@ -70,25 +83,31 @@ func (l *Link) setupPMTU(fd int) error {
 func (l *Link) MaxDatagramTo(to netip.AddrPort) int {
 	a := to.Addr().Unmap()
 	c := &l.pmtu
+	if h := c.last.Load(); h != nil && h.addr == a {
+		return h.n
+	}
 	c.mu.RLock()
-	n, ok := c.m[a]
+	h, ok := c.m[a]
+	if ok {
+		c.last.Store(h) // under mu: forgetPMTU cannot clear last before this
+	}
 	c.mu.RUnlock()
 	if ok {
-		return n
+		return h.n
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n, ok := c.m[a]; ok {
-		return n
+	if h, ok := c.m[a]; ok {
+		return h.n
 	}
-	n = l.probeLocked(to)
+	n := l.probeLocked(to)
 	if len(c.m) >= maxPMTUEntries {
 		for old := range c.m {
 			delete(c.m, old)
 			break
 		}
 	}
-	c.m[a] = n
+	c.m[a] = &pmtuHit{a, n}
 	l.c.pmtuProbes.Add(1)
 	return n
 }
@@ -98,6 +117,7 @@ func (l *Link) forgetPMTU(to netip.AddrPort) {
 	c := &l.pmtu
 	c.mu.Lock()
 	delete(c.m, to.Addr().Unmap())
+	c.last.Store(nil)
 	c.mu.Unlock()
 }
 
