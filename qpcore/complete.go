@@ -49,7 +49,7 @@ const rnrBackoff = 2 * time.Millisecond
 // available if negative).
 func (n *Node) pollSend(maxBatches int) {
 	n.pollMu.Lock()
-	e := newEffects()
+	e := n.newEffects()
 	for b := 0; maxBatches < 0 || b < maxBatches; b++ {
 		k := n.scq.Poll(n.wcs[:])
 		if k == 0 {
@@ -350,7 +350,7 @@ func (n *Node) unstallLocked(p *peer) {
 
 // resumeRNR ends an RNR pause.
 func (n *Node) resumeRNR(p *peer) {
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	if p.pause == pauseRNR && !p.closed {
 		n.unstallLocked(p)
@@ -394,7 +394,7 @@ func (n *Node) relookup(p *peer) {
 		stop()
 		break
 	}
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	defer func() {
 		p.mu.Unlock()

@@ -43,7 +43,15 @@ func (e *effects) clockNow(c clock.Clock) time.Time {
 
 var effectsPool = sync.Pool{New: func() any { return new(effects) }}
 
-func newEffects() *effects { return effectsPool.Get().(*effects) }
+// newEffects takes the node's spare effects (one atomic swap, memory the
+// last apply left warm), or one from the pool when another goroutine has
+// it.
+func (n *Node) newEffects() *effects {
+	if e := n.spare.Swap(nil); e != nil {
+		return e
+	}
+	return effectsPool.Get().(*effects)
+}
 
 // apply does e's work, then recycles e. Each round takes the first kind
 // of work in this order, so work that a step adds (a kick that finishes
@@ -117,7 +125,9 @@ func (n *Node) apply(e *effects) {
 			clear(e.posting)
 			clear(e.wrs)
 			e.batch, e.posting, e.wrs = e.batch[:0], e.posting[:0], e.wrs[:0]
-			effectsPool.Put(e)
+			if !n.spare.CompareAndSwap(nil, e) {
+				effectsPool.Put(e)
+			}
 			return
 		}
 	}

@@ -15,7 +15,7 @@ func TestFenceStateMachine(t *testing.T) {
 	n.ops.m = make(map[uint64]*op)
 	p := &peer{n: n, gid: 2}
 	v := &VQP{n: n, p: p}
-	e := newEffects()
+	e := n.newEffects()
 	newRead := func() *op {
 		o := newOp()
 		o.v, o.p, o.code = v, p, OpRead

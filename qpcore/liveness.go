@@ -124,7 +124,7 @@ func (n *Node) expireOps(now time.Time) {
 		peers = append(peers, p)
 	}
 	n.mu.Unlock()
-	e := newEffects()
+	e := n.newEffects()
 	for _, p := range peers {
 		p.mu.Lock()
 		if p.active > 0 {
@@ -194,7 +194,7 @@ func (n *Node) relookSilent(p *peer) {
 	n.res.Invalidate(p.gid)
 	info, err := n.res.Lookup(ctx, p.gid)
 	n.stats.relookups.Add(1)
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	if err == nil && !p.closed && info.GID == p.gid && info.Addr.IsValid() && info != p.info {
 		p.setInfoLocked(info)

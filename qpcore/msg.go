@@ -803,7 +803,7 @@ func (n *Node) sendFIN(gid uint32, token uint64, status uint8) {
 
 // postSys enqueues an internal op on p's DC queue.
 func (n *Node) postSys(p *peer, o *op) error {
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	if err := n.usableLocked(p); err != nil {
 		p.mu.Unlock()

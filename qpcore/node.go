@@ -42,6 +42,8 @@ type Node struct {
 	ackTimeout  time.Duration // of every DCI and RC QP: attempt/8
 	attempt     time.Duration // how long one WR may wait for an answer (see liveness.go)
 
+	spare atomic.Pointer[effects] // one free effects kept for the next newEffects
+
 	mu     sync.Mutex // guards peers, lru, closed
 	peers  map[uint32]*peer
 	lru    list.List // of *peer, front = most recently connected
@@ -256,7 +258,7 @@ func (n *Node) Close() error {
 	}
 	n.wg.Wait()
 	err := n.teardown()
-	e := newEffects()
+	e := n.newEffects()
 	for _, o := range n.ops.all() {
 		p := o.p
 		p.mu.Lock()

@@ -108,7 +108,7 @@ func (n *Node) ensureDirLocked(ctx context.Context, p *peer) error {
 		if tries > 0 && p.dirErr != nil && !p.dirFetching {
 			return p.dirErr
 		}
-		e := newEffects()
+		e := n.newEffects()
 		n.fetchDirLocked(p)
 		ch := p.dirWait
 		n.kickLocked(p, e)
@@ -261,7 +261,7 @@ func (n *Node) dirFetched(o *op) {
 	if err == nil {
 		regions, _, err = parseDirectory(o.local)
 	}
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	p.dirFetching = false
 	now := n.clock.Now()
@@ -319,7 +319,7 @@ const (
 
 // refetchDir reads p's directory again after a torn READ's backoff.
 func (n *Node) refetchDir(p *peer) {
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	p.dirFetching = false
 	if p.closed {

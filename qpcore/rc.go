@@ -46,7 +46,7 @@ func (n *Node) connectRC(p *peer) {
 	rcOnly := p.rcOnly
 	p.mu.Unlock()
 	fail := func(q verbs.QP, reserved bool, why error) {
-		e := newEffects()
+		e := n.newEffects()
 		p.mu.Lock()
 		if p.rcPhase == rcConnecting {
 			p.setRCLocked(rcNone)
@@ -99,7 +99,7 @@ func (n *Node) connectRC(p *peer) {
 	}
 	c := &rcConn{p: p, qp: q}
 	c.lastUsed.Store(n.clock.Now().UnixNano())
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	if p.closed || p.rcPhase != rcConnecting || p.info.Incarnation != info.Incarnation {
 		p.mu.Unlock()
@@ -205,7 +205,7 @@ func (n *Node) freeRCSlot() {
 // flight on it. It reports whether it did.
 func (n *Node) drainIdleRC(c *rcConn) bool {
 	p := c.p
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	ok := p.rc == c && p.rcPhase == rcReady && c.out == 0 && !c.errored &&
 		p.rcq.len() == 0 && (!p.rcOnly || p.dcq.len() == 0)
@@ -222,7 +222,7 @@ func (n *Node) drainIdleRC(c *rcConn) bool {
 // drainRC starts tearing c down. It reports whether it did.
 func (n *Node) drainRC(c *rcConn) bool {
 	p := c.p
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	ok := p.rc == c && p.rcPhase == rcReady
 	if ok {

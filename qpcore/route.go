@@ -38,7 +38,7 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 		return nil, err
 	}
 	o.done = make(chan struct{}, 1)
-	e := newEffects()
+	e := n.newEffects()
 	e.now = start
 	if !p.dirAt.Equal(dirAt) {
 		e.now = n.clock.Now() // the pre-check waited for the directory
@@ -67,7 +67,7 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 		p.mu.Unlock()
 		return 0, err
 	}
-	e := newEffects()
+	e := n.newEffects()
 	k := 0
 	var perr error
 	for i := range wrs {

@@ -440,7 +440,7 @@ func (n *Node) wait(ctx context.Context, o *op) {
 // cancel1 finishes o with err if it has not been posted.
 func (n *Node) cancel1(o *op, err error) {
 	p := o.p
-	e := newEffects()
+	e := n.newEffects()
 	p.mu.Lock()
 	removed := false
 	switch o.state {
