@@ -1,6 +1,7 @@
 package softnic
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -50,3 +51,7 @@ func dumpLocked(q *qp) string {
 	}
 	return b.String()
 }
+
+// WakeOnDone reports whether a driver of c needs a wake-up when ctx ends
+// (see cq.wakeOnDone).
+func WakeOnDone(c verbs.CQ, ctx context.Context) bool { return c.(*cq).wakeOnDone(ctx) }

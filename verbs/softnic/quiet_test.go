@@ -1,10 +1,14 @@
 package softnic_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/link"
 )
 
 // TestQuietCountsSendQueue: a device is Quiet (link.Quiescer) exactly
@@ -38,5 +42,33 @@ func TestQuietCountsSendQueue(t *testing.T) {
 	}
 	if !a.dev.Quiet() {
 		t.Fatal("not quiet after the QP holding the READs was destroyed")
+	}
+}
+
+// TestWakeOnDone: a driver is woken when its context ends only if that
+// may happen before it looks by itself (link.DonePoll): a context without
+// a deadline, or one ending within a few DonePolls. A far deadline
+// (an operation's usual timeout) costs no registration per operation.
+func TestWakeOnDone(t *testing.T) {
+	fb := newFabric(t, "fake", faults{})
+	a := fb.node()
+	cancelOnly, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	far, cancelFar := clock.WithTimeout(context.Background(), fb.clock, time.Second)
+	defer cancelFar()
+	near, cancelNear := clock.WithTimeout(context.Background(), fb.clock, 2*link.DonePoll)
+	defer cancelNear()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want bool
+	}{
+		{"no deadline", cancelOnly, true},
+		{"deadline in 1 s", far, false},
+		{"deadline in 2 DonePolls", near, true},
+	} {
+		if got := softnic.WakeOnDone(a.cq, tc.ctx); got != tc.want {
+			t.Errorf("%s: wake-up %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

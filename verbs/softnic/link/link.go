@@ -42,6 +42,7 @@ package link
 import (
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/krfs/krfs/clock"
 )
@@ -92,6 +93,10 @@ type Stats struct {
 	RxCopies                 uint64 // payload segments the link copied: received into predicted memory they did not belong to (Predictor), copied back
 }
 
+// DonePoll is the longest a Driver holding the receive token waits in a
+// receive without looking at Drive's done channel.
+const DonePoll = 20 * time.Millisecond
+
 // Driver is implemented by links whose receive call can run on the
 // goroutine of a caller waiting for a completion (run-to-completion, see
 // verbs.DrivenCQ). The link keeps one receive token: at most one goroutine
@@ -106,7 +111,9 @@ type Driver interface {
 	// the token is handed to it. It returns nil once ready reported true,
 	// ErrDone when done was closed first, and net.ErrClosed after Close.
 	// On return the token passes to the next caller waiting for it, or
-	// back to the link's goroutine.
+	// back to the link's goroutine. Holding the token, it looks at done
+	// at least every DonePoll even if nothing arrives; a done that closes
+	// sooner is seen at once only if the caller also calls Wake.
 	Drive(done, wake <-chan struct{}, ready func() bool) error
 	// Wake makes a caller blocked receiving in Drive call its ready again
 	// (by sending the link an empty datagram); it costs two atomic

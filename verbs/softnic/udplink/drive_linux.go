@@ -279,6 +279,10 @@ func (l *Link) holdLocked(done <-chan struct{}, ready func() bool) error {
 		return ErrClosed
 	}
 	rx := l.rx
+	// With a done channel, every wait is bounded (link.DonePoll), so that
+	// done is looked at even if nobody calls Wake for it.
+	rx.doneWatch = done != nil
+	defer func() { rx.doneWatch = false }()
 	for {
 		gen := l.wakeGen.Load()
 		if ready() {

@@ -3,6 +3,7 @@
 package udplink
 
 import (
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
@@ -312,4 +314,50 @@ func TestLingerOnlyWhenQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wait(t, 3)
+}
+
+// TestDriverLooksAtDone: a driver blocked receiving with a done channel
+// sees done close although nobody calls Wake (its wait is bounded by
+// link.DonePoll), whether it waits with a prediction (holding RxLock),
+// without one, or on the peek path of a receiver that does not predict.
+// softnic relies on it to skip the wake-up registration for contexts
+// whose deadline is far (cq.wakeOnDone).
+func TestDriverLooksAtDone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		recv func() link.Receiver
+	}{
+		{"predicted", func() link.Receiver { return newPredictor(4, 64) }},
+		{"nothing predicted", func() link.Receiver { p := newPredictor(4, 64); p.want.Store(1); return p }},
+		{"peek", func() link.Receiver { return newCollector(1, 64, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkGoroutines(t)
+			l := openLink(t, Config{Addr: loopback})
+			l.Start(tc.recv())
+			done := make(chan struct{})
+			errc := make(chan error, 1)
+			go func() { errc <- l.Drive(done, nil, func() bool { return false }) }()
+			deadline := time.Now().Add(time.Minute) // a hang guard
+			for !l.inRecv.Load() {
+				if time.Now().After(deadline) {
+					t.Fatal("the driver never blocked receiving")
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			before := l.Counters().RxTimeouts
+			close(done) // no Wake
+			select {
+			case err := <-errc:
+				if !errors.Is(err, link.ErrDone) {
+					t.Fatalf("Drive = %v, want link.ErrDone", err)
+				}
+			case <-time.After(time.Minute): // a hang guard
+				t.Fatal("the driver never looked at done")
+			}
+			if c := l.Counters(); c.RxTimeouts <= before {
+				t.Errorf("RxTimeouts %d -> %d: the driver did not return by its bounded wait", before, c.RxTimeouts)
+			}
+		})
+	}
 }

@@ -13,8 +13,9 @@ import (
 
 // rxWaitMax bounds a blocking receive (SO_RCVTIMEO): the longest an
 // interrupt waits when its kick datagram was lost, at the cost of an idle
-// link waking this often.
-const rxWaitMax = 20 * time.Millisecond
+// link waking this often, and the longest a driver with a done channel
+// waits without looking at it (link.DonePoll).
+const rxWaitMax = link.DonePoll
 
 // predState is the memory of the predicted receive path (see "Predicted
 // receive" in the package doc); part of rxState, used only by the holder
@@ -138,7 +139,7 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 			locked = false
 		}
 	}
-	if block && locked {
+	if block && (locked || rx.doneWatch) {
 		l.boundWait(rx, true)
 	}
 	rx.layout(n)
@@ -161,7 +162,7 @@ func (l *Link) recvOnePredicted(r link.Receiver, pr link.Predictor, rx *rxState,
 		// rxWaitMax: the next one need not wake.
 		l.kickPending.Store(false)
 		l.c.rxTimeouts.Add(1)
-		if !locked {
+		if !locked && !rx.doneWatch {
 			l.boundWait(rx, false)
 		}
 		res = rxAgain

@@ -43,6 +43,7 @@ type rxState struct {
 
 	pr          predState // the predicted receive path's (predict_linux.go)
 	waitBounded bool      // SO_RCVTIMEO is set (boundWait)
+	doneWatch   bool      // the holder is a driver with a done channel: every blocking wait is bounded (link.DonePoll)
 
 	scratch [scratchLen]byte // the datagram, laid out as on the wire, minus steered payloads
 }
@@ -77,6 +78,9 @@ func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.
 	if l.pred != nil {
 		return l.recvOnePredicted(r, l.pred, rx, flags, blocked)
 	}
+	if flags == 0 && rx.doneWatch {
+		l.boundWait(rx, true)
+	}
 	total, gso, errno := rx.peek(flags)
 	if blocked != nil {
 		blocked.Store(false)
@@ -91,6 +95,9 @@ func (l *Link) recvOne(r link.Receiver, rx *rxState, flags int, blocked *atomic.
 		if errno == unix.EAGAIN && flags == 0 {
 			l.kickPending.Store(false) // the receive timeout: a kick may have been lost
 			l.c.rxTimeouts.Add(1)
+			if !rx.doneWatch {
+				l.boundWait(rx, false) // idle for rxWaitMax: the next wait need not wake
+			}
 		}
 		return rxAgain
 	case unix.EBADF:
