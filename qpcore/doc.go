@@ -52,7 +52,11 @@
 // a synchronous call returns only then, even when ctx is cancelled after
 // the operation reached a QP (cancellation withdraws operations still
 // queued). Atomics' results come back through qpcore's own registered
-// slots.
+// slots. A caller blocked in the device's receive (driving, see
+// verbs.DrivenCQ) sees ctx end within 20 ms (link.DonePoll) when ctx's
+// deadline was 100 ms or more away as it began waiting, and at once
+// otherwise; this spares every operation with a timeout a wake-up
+// registration (about 0.7 us).
 //
 // # Regions and the region directory
 //
