@@ -120,6 +120,15 @@ func TestMetricsAfterTraffic(t *testing.T) {
 			t.Errorf("%s moved by %v (from %v to %v), want at least %v", c.name, c.got-c.was, c.was, c.got, c.min)
 		}
 	}
+	// The link's errors are exported even while zero (a dashboard needs
+	// the series before the first error); softnic's
+	// TestDeviceStatsReportLinkErrors checks the values.
+	for _, k := range []string{`krfs_nic_tx_errors_total{reason="dropped"}`, `krfs_nic_tx_errors_total{reason="refused"}`,
+		`krfs_nic_tx_waits_total`, `krfs_nic_rx_errors_total`} {
+		if _, ok := after[k]; !ok {
+			t.Errorf("metric %s missing", k)
+		}
+	}
 	if after[`krfs_region_bytes{region="extra"}`] != 64<<10 {
 		t.Errorf("region extra: %v bytes", after[`krfs_region_bytes{region="extra"}`])
 	}

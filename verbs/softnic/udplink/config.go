@@ -57,7 +57,11 @@ var (
 	ErrUnsupported = errors.New("udplink: unsupported on this operating system")
 )
 
-// Counters are the link's counters and offload state.
+// Counters are the link's counters and offload state. Of link.Stats,
+// TxDrops counts packets dropped on ENOBUFS (or EAGAIN from a blocking
+// send), TxWaits sends that found the socket's send buffer full (EAGAIN
+// without waiting) and then waited in a blocking sendmmsg: two system
+// calls in TxSyscalls.
 type Counters struct {
 	link.Stats
 
@@ -91,12 +95,7 @@ type Counters struct {
 	LingerStops  uint64 // lingers ended by StopLinger (a waiter that does not drive)
 
 	TxGSOMessages uint64 // messages sent with UDP_SEGMENT
-	TxDrops       uint64 // packets dropped on EAGAIN/ENOBUFS (also in TxErrors)
-	// TxWaits counts sends that found the socket's send buffer full
-	// (EAGAIN without waiting) and then waited for room in a blocking
-	// sendmmsg. Each is two system calls in TxSyscalls.
-	TxWaits      uint64
-	GSOFallbacks uint64 // GSO messages the kernel rejected, resent one datagram each
+	GSOFallbacks  uint64 // GSO messages the kernel rejected, resent one datagram each
 
 	GSO           bool  // GSO currently in use
 	GSOMaxSegment int   // largest packet still sent with GSO (0 if GSO is off)

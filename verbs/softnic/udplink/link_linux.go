@@ -332,6 +332,8 @@ func (l *Link) Stats() link.Stats {
 		RxSyscalls:  c.rxSyscalls.Load(),
 		TxErrors:    c.txErrors.Load(),
 		RxErrors:    c.rxErrors.Load(),
+		TxDrops:     c.txDrops.Load(),
+		TxWaits:     c.txWaits.Load(),
 		Truncated:   c.truncated.Load(),
 		RxCopies:    c.rxMispredicted.Load(),
 	}
@@ -359,8 +361,6 @@ func (l *Link) Counters() Counters {
 		LingerStops:    c.lingerStops.Load(),
 		RxInterrupted:  c.rxInterrupted.Load(),
 		TxGSOMessages:  c.txGSOMessages.Load(),
-		TxDrops:        c.txDrops.Load(),
-		TxWaits:        c.txWaits.Load(),
 		GSOFallbacks:   c.gsoFallbacks.Load(),
 		GSO:            gsoMax > 0,
 		GSOMaxSegment:  gsoMax,
