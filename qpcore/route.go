@@ -404,7 +404,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 		n.stats.opsDC.Add(uint64(k))
 	} else {
 		p.rc.out += k
-		p.rc.lastUsed.Store(n.clock.Now().UnixNano())
+		p.rc.lastUsed.Store(now.UnixNano()) // the batch's time: idle tracking needs no more
 		n.stats.opsRC.Add(uint64(k))
 	}
 }

@@ -397,6 +397,9 @@ func (n *Node) wait(ctx context.Context, o *op) {
 			if o.fin.Load() {
 				return true
 			}
+			if !n.dscq.Pending() {
+				return false // nothing to poll: ready runs twice before every receive
+			}
 			n.pollSend(-1)
 			return o.fin.Load()
 		}

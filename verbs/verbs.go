@@ -542,6 +542,10 @@ type DrivenCQ interface {
 	CQ
 	Drive(ctx context.Context, wake <-chan struct{}, ready func() bool) error
 	Wake()
+	// Pending reports whether completions wait to be polled, without a
+	// lock: a ready function skips its Poll when nothing is there (a
+	// completion pushed after the answer calls Wake, as above).
+	Pending() bool
 }
 
 // SRQ is a shared receive queue.

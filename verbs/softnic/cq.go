@@ -18,6 +18,8 @@ type cq struct {
 	dev    *Device
 	notify chan struct{}
 	driven atomic.Int32 // Drive calls in progress: completions do not signal notify
+	queued atomic.Int32 // n, readable without mu (Pending); written under mu
+	drv    link.Driver  // the device's link, if it can drive (else nil)
 
 	mu        sync.Mutex // guards the fields below
 	wcs       []verbs.WC // ring
@@ -29,7 +31,9 @@ type cq struct {
 var _ verbs.DrivenCQ = (*cq)(nil)
 
 func newCQ(d *Device, depth int) *cq {
-	return &cq{dev: d, notify: make(chan struct{}, 1), wcs: make([]verbs.WC, depth)}
+	c := &cq{dev: d, notify: make(chan struct{}, 1), wcs: make([]verbs.WC, depth)}
+	c.drv, _ = d.link.(link.Driver)
+	return c
 }
 
 // push adds a completion and reports whether it signalled Notify. On
@@ -44,6 +48,7 @@ func (c *cq) push(wc verbs.WC) bool {
 	}
 	c.wcs[(c.head+c.n)%len(c.wcs)] = wc
 	c.n++
+	c.queued.Store(int32(c.n))
 	c.mu.Unlock()
 	if c.driven.Load() > 0 {
 		// The drivers' ready polls it; one blocked receiving must look.
@@ -59,8 +64,8 @@ func (c *cq) push(wc verbs.WC) bool {
 
 // Drive implements verbs.DrivenCQ.
 func (c *cq) Drive(ctx context.Context, wake <-chan struct{}, ready func() bool) error {
-	drv, ok := c.dev.link.(link.Driver)
-	if !ok {
+	drv := c.drv
+	if drv == nil {
 		return c.waitReady(ctx, wake, ready)
 	}
 	if ctx.Done() != nil && c.wakeOnDone(ctx) {
@@ -74,10 +79,7 @@ func (c *cq) Drive(ctx context.Context, wake <-chan struct{}, ready func() bool)
 	if c.driven.Add(-1) == 0 {
 		// A completion pushed while we drove did not signal Notify: do it
 		// now for whoever else consumes this CQ.
-		c.mu.Lock()
-		left := c.n > 0
-		c.mu.Unlock()
-		if left {
+		if c.queued.Load() > 0 {
 			select {
 			case c.notify <- struct{}{}:
 			default:
@@ -129,6 +131,9 @@ func (c *cq) waitReady(ctx context.Context, wake <-chan struct{}, ready func() b
 	return nil
 }
 
+// Pending implements verbs.DrivenCQ.
+func (c *cq) Pending() bool { return c.queued.Load() > 0 }
+
 // Wake implements verbs.DrivenCQ.
 func (c *cq) Wake() {
 	if c.driven.Load() > 0 {
@@ -145,6 +150,7 @@ func (c *cq) Poll(out []verbs.WC) int {
 		c.n--
 		k++
 	}
+	c.queued.Store(int32(c.n))
 	more := c.n > 0
 	if !more {
 		// Empty: start again at the first slot, so that a CQ used one

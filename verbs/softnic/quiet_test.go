@@ -14,7 +14,7 @@ import (
 // TestQuietCountsSendQueue: a device is Quiet (link.Quiescer) exactly
 // while no QP has a send WR outstanding; a lingering link relies on it not
 // to leave unwatched a socket whose datagrams a waiter that does not drive
-// needs.
+// needs. Pending (verbs.DrivenCQ) says whether a completion waits.
 func TestQuietCountsSendQueue(t *testing.T) {
 	fb := newFabric(t, "fake", faults{})
 	a, s := fb.node(), fb.node()
@@ -23,10 +23,23 @@ func TestQuietCountsSendQueue(t *testing.T) {
 		t.Fatal("not quiet with nothing posted")
 	}
 	// Completed WRs leave the queue.
+	dcq := a.cq.(verbs.DrivenCQ)
+	if dcq.Pending() {
+		t.Fatal("CQ pending with nothing posted")
+	}
 	post(t, qa, verbs.SendWR{Op: verbs.OpRead, Flags: verbs.Signaled, Local: sge(a, 0, 8), RKey: s.mr.RKey()})
+	if err := a.cq.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !dcq.Pending() {
+		t.Fatal("CQ not pending with a completion to poll")
+	}
 	poll(t, a.cq, 1, time.Minute)
 	if !a.dev.Quiet() {
 		t.Fatal("not quiet after the READ completed")
+	}
+	if dcq.Pending() {
+		t.Fatal("CQ pending after its completion was polled")
 	}
 	// The responder is gone: READs stay outstanding (the fake clock never
 	// moves, so no ACK timeout ends them).
