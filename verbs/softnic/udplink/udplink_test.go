@@ -261,12 +261,19 @@ func TestGSOBatchSteeredByIndex(t *testing.T) {
 	}
 }
 
-func TestGROMixedHeaderLengths(t *testing.T) {
+// sendPair opens two loopback links, a and b, with b delivering to a
+// steering collector of the given slots of 2 KiB, and a random source.
+func sendPair(t *testing.T, seed uint64, slots int) (rng *rand.Rand, a, b *Link, cb *collector) {
 	checkGoroutines(t)
-	rng := rand.New(rand.NewPCG(5, 6))
-	a, b := openLink(t, DefaultConfig(loopback)), openLink(t, DefaultConfig(loopback))
-	cb := newCollector(64, 2048, true)
+	rng = rand.New(rand.NewPCG(seed, seed+1))
+	a, b = openLink(t, DefaultConfig(loopback)), openLink(t, DefaultConfig(loopback))
+	cb = newCollector(slots, 2048, true)
 	b.Start(cb)
+	return rng, a, b, cb
+}
+
+func TestGROMixedHeaderLengths(t *testing.T) {
+	rng, a, b, cb := sendPair(t, 5, 64)
 
 	const dgram = 1032 // every packet of both batches has this length
 	mk := func(op wire.Opcode, f wire.Flags, psn int) link.Packet {
@@ -846,11 +853,7 @@ func BenchmarkBaselineRawBulk1MiB(b *testing.B) {
 // (EAGAIN from the non-blocking attempt, after part of the batch went)
 // waits in a blocking sendmmsg for the rest; nothing is dropped.
 func TestFullSendBufferWaits(t *testing.T) {
-	checkGoroutines(t)
-	rng := rand.New(rand.NewPCG(3, 4))
-	a, b := openLink(t, DefaultConfig(loopback)), openLink(t, DefaultConfig(loopback))
-	cb := newCollector(16, 2048, true)
-	b.Start(cb)
+	rng, a, b, cb := sendPair(t, 3, 16)
 
 	orig := sendmmsgNoWait
 	t.Cleanup(func() { sendmmsgNoWait = orig })
