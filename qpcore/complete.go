@@ -45,8 +45,9 @@ import (
 
 const rnrBackoff = 2 * time.Millisecond
 
-// pollSend processes send completions, at most maxBatches batches (all
-// available if negative).
+// pollSend processes send completions, at most maxBatches batches (if
+// negative, until a batch comes back short: the CQ was empty then, and a
+// completion pushed later signals Notify or wakes the drivers).
 func (n *Node) pollSend(maxBatches int) {
 	n.pollMu.Lock()
 	e := n.newEffects()
@@ -57,6 +58,11 @@ func (n *Node) pollSend(maxBatches int) {
 		}
 		for i := range k {
 			n.onSendWC(&n.wcs[i], e)
+		}
+		if k < len(n.wcs) {
+			// That emptied the CQ; a completion pushed since wakes
+			// its waiters (Notify, or Wake for drivers), who poll.
+			break
 		}
 	}
 	n.pollMu.Unlock()
