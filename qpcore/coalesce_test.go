@@ -36,44 +36,57 @@ func TestCoalescing(t *testing.T) {
 			t.Fatalf("a lone READ waited to coalesce (%d)", got)
 		}
 		const workers, each = 16, 200
-		before = a.n.Stats()
-		var wg sync.WaitGroup
-		errs := make(chan error, workers)
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, 256)
-				for i := range each {
-					o := uint64((w*each+i)%200) * 256
-					if err := v.Read(ctx, buf, "mem", o); err != nil {
-						errs <- err
-						return
+		// A driver keeps its P across its short system calls, so the Go
+		// scheduler may run one worker's loop alone for a while, the
+		// others runnable but not running: such an attempt shows no
+		// concurrency to coalesce (about 2% of attempts on a 2-vCPU
+		// machine). The property holds if an attempt of three batches.
+		var ops, bells, coal uint64
+		for attempt := 1; attempt <= 3; attempt++ {
+			before = a.n.Stats()
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					buf := make([]byte, 256)
+					for i := range each {
+						o := uint64((w*each+i)%200) * 256
+						if err := v.Read(ctx, buf, "mem", o); err != nil {
+							errs <- err
+							return
+						}
+						if !bytes.Equal(buf, b.mem[o:o+256]) {
+							errs <- errBytes
+							return
+						}
 					}
-					if !bytes.Equal(buf, b.mem[o:o+256]) {
-						errs <- errBytes
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-		st := a.n.Stats()
-		ops, bells, coal := st.OpsDC-before.OpsDC, st.Doorbells-before.Doorbells, st.Coalesced-before.Coalesced
-		t.Logf("NoCoalesce=%v: %d READs in %d doorbells, %d coalesced", off, ops, bells, coal)
-		if ops < workers*each {
-			t.Fatalf("%d READs posted, want at least %d", ops, workers*each)
-		}
-		if off {
-			if coal != 0 {
-				t.Fatalf("NoCoalesce: %d operations coalesced", coal)
+				}()
 			}
-		} else if coal == 0 || bells*2 > ops {
-			t.Fatalf("%d concurrent READs took %d doorbells (%d coalesced): not batched", ops, bells, coal)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			st := a.n.Stats()
+			ops, bells, coal = st.OpsDC-before.OpsDC, st.Doorbells-before.Doorbells, st.Coalesced-before.Coalesced
+			t.Logf("NoCoalesce=%v, attempt %d: %d READs in %d doorbells, %d coalesced", off, attempt, ops, bells, coal)
+			if ops < workers*each {
+				t.Fatalf("%d READs posted, want at least %d", ops, workers*each)
+			}
+			if off {
+				if coal != 0 {
+					t.Fatalf("NoCoalesce: %d operations coalesced", coal)
+				}
+				break
+			}
+			if coal > 0 && bells*2 <= ops {
+				break
+			}
+		}
+		if !off && (coal == 0 || bells*2 > ops) {
+			t.Fatalf("%d concurrent READs took %d doorbells (%d coalesced) in each of 3 attempts: not batched", ops, bells, coal)
 		}
 		noQPErrors(t, a.n, b.n)
 		v.Close()

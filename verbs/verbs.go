@@ -455,7 +455,6 @@ type DeviceStats struct {
 	RxSyscalls           uint64
 	TxErrors             uint64 // packets the network refused or dropped on send (e.g. larger than the path MTU); the protocols retransmit them
 	TxDropped            uint64 // of TxErrors, packets dropped for want of room in the network's queue
-	TxWaits              uint64 // sends that found the network's queue full and waited for room
 	RxErrors             uint64 // receive calls that failed (not packets: see Malformed and NoQP for those)
 	Malformed            uint64 // packets that failed to parse
 	BadVersion           uint64 // packets of another wire-format version (also in Malformed)

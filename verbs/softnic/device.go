@@ -274,7 +274,7 @@ func (d *Device) Stats() verbs.DeviceStats {
 	s.TxBytes = d.stats.txBytes.Load()
 	s.RxBytes = d.stats.rxBytes.Load()
 	s.TxSyscalls, s.RxSyscalls = ls.TxSyscalls, ls.RxSyscalls
-	s.TxErrors, s.TxDropped, s.TxWaits, s.RxErrors = ls.TxErrors, ls.TxDrops, ls.TxWaits, ls.RxErrors
+	s.TxErrors, s.TxDropped, s.RxErrors = ls.TxErrors, ls.TxDrops, ls.RxErrors
 	s.Malformed = d.stats.malformed.Load()
 	s.BadVersion = d.stats.badVersion.Load()
 	s.NoQP = d.stats.noQP.Load()

@@ -90,7 +90,6 @@ type Stats struct {
 	TxSyscalls, RxSyscalls   uint64
 	TxErrors, RxErrors       uint64
 	TxDrops                  uint64 // packets dropped for want of room in the network's queue (also in TxErrors)
-	TxWaits                  uint64 // sends that found the network's queue full and waited for room
 	Truncated                uint64 // datagrams too large for the receive buffers
 	RxCopies                 uint64 // payload segments the link copied: received into predicted memory they did not belong to (Predictor), copied back
 }

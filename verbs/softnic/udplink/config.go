@@ -58,10 +58,7 @@ var (
 )
 
 // Counters are the link's counters and offload state. Of link.Stats,
-// TxDrops counts packets dropped on ENOBUFS (or EAGAIN from a blocking
-// send), TxWaits sends that found the socket's send buffer full (EAGAIN
-// without waiting) and then waited in a blocking sendmmsg: two system
-// calls in TxSyscalls.
+// TxDrops counts packets dropped on EAGAIN or ENOBUFS (also in TxErrors).
 type Counters struct {
 	link.Stats
 

@@ -170,14 +170,13 @@
 // except possibly a shorter last one — at most 64 packets and 65507 bytes —
 // become a single message with a UDP_SEGMENT control message; the kernel
 // (or the NIC) cuts it back into datagrams. Each message's iovec points at
-// the callers' Hdr and Payload slices directly; nothing is staged. A full
-// send buffer blocks Send rather than dropping: Send first tries sendmmsg
-// with MSG_DONTWAIT as a raw system call (a send that does not block need
-// not tell the Go scheduler, which saves entersyscall/exitsyscall on every
-// doorbell), and only on EAGAIN waits in a blocking sendmmsg
-// (Counters.TxWaits). ENOBUFS, and EAGAIN from the blocking call if it
-// happens anyway, drop the message and count it (the protocol
-// retransmits).
+// the callers' Hdr and Payload slices directly; nothing is staged. The
+// socket is blocking, so a full send buffer blocks Send rather than
+// dropping; EAGAIN and ENOBUFS, if they happen anyway, drop the message and
+// count it (the protocol retransmits). The send is an ordinary (not raw)
+// system call although it rarely blocks: on loopback the kernel may run
+// the receiver it wakes inside it, and a raw call would keep the sender's
+// P all that time.
 //
 // A driver holding the receive token with a done channel waits at most
 // rxWaitMax (link.DonePoll, 20 ms) in each receive, so that it sees done

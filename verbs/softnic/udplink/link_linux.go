@@ -79,7 +79,6 @@ type Link struct {
 type counters struct {
 	txDatagrams, txBytes, txSyscalls, txErrors atomic.Uint64
 	txGSOMessages, txDrops, gsoFallbacks       atomic.Uint64
-	txWaits                                    atomic.Uint64
 	_                                          [64]byte
 	rxDatagrams, rxBytes, rxSyscalls, rxErrors atomic.Uint64
 	truncated, rxBatches, rxSteered            atomic.Uint64
@@ -333,7 +332,6 @@ func (l *Link) Stats() link.Stats {
 		TxErrors:    c.txErrors.Load(),
 		RxErrors:    c.rxErrors.Load(),
 		TxDrops:     c.txDrops.Load(),
-		TxWaits:     c.txWaits.Load(),
 		Truncated:   c.truncated.Load(),
 		RxCopies:    c.rxMispredicted.Load(),
 	}

@@ -185,29 +185,16 @@ func gsoRun(pkts []link.Packet, seg, maxTotal int) int {
 	return run
 }
 
-// sendmmsgNoWait is sendmmsg(2) with MSG_DONTWAIT as a raw system call: it
-// returns EAGAIN instead of blocking. Tests replace it to fill the buffer.
-var sendmmsgNoWait = func(fd int, msgs *unix.Mmsghdr, n int) (uintptr, unix.Errno) {
-	r1, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd),
-		uintptr(unsafe.Pointer(msgs)), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
-	return r1, e
-}
-
 // flush sends the first nm messages of st.
 func (l *Link) flush(st *txState, pkts []link.Packet, nm int) error {
 	var firstErr error
 	for start := 0; start < nm; {
-		// A send does not block unless the socket's send buffer is full:
-		// try without telling the Go scheduler (a raw system call costs
-		// no entersyscall/exitsyscall, about 0.2 us of a round trip's
-		// CPU), and only a full buffer waits in a blocking one.
-		r1, e := sendmmsgNoWait(l.fd, &st.msgs[start], nm-start)
-		if e == unix.EAGAIN {
-			l.c.txWaits.Add(1)
-			l.c.txSyscalls.Add(1)
-			r1, _, e = unix.Syscall6(unix.SYS_SENDMMSG, uintptr(l.fd),
-				uintptr(unsafe.Pointer(&st.msgs[start])), uintptr(nm-start), 0, 0, 0)
-		}
+		// Not a raw system call, although a send rarely blocks: on
+		// loopback the kernel may run the woken receiver inside it, and a
+		// raw call would keep this thread's P meanwhile (it serialized
+		// concurrent callers; see docs/architecture.md).
+		r1, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(l.fd),
+			uintptr(unsafe.Pointer(&st.msgs[start])), uintptr(nm-start), 0, 0, 0)
 		l.c.txSyscalls.Add(1)
 		if e == 0 {
 			sent := int(r1)

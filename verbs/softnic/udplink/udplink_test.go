@@ -848,37 +848,3 @@ func BenchmarkBaselineRawBulk1MiB(b *testing.B) {
 		}
 	}
 }
-
-// TestFullSendBufferWaits: a send that finds the socket's buffer full
-// (EAGAIN from the non-blocking attempt, after part of the batch went)
-// waits in a blocking sendmmsg for the rest; nothing is dropped.
-func TestFullSendBufferWaits(t *testing.T) {
-	rng, a, b, cb := sendPair(t, 3, 16)
-
-	orig := sendmmsgNoWait
-	t.Cleanup(func() { sendmmsgNoWait = orig })
-	calls := 0
-	sendmmsgNoWait = func(fd int, msgs *unix.Mmsghdr, n int) (uintptr, unix.Errno) {
-		calls++
-		switch calls {
-		case 1: // room for one message only
-			return orig(fd, msgs, 1)
-		case 2:
-			return 0, unix.EAGAIN
-		}
-		return orig(fd, msgs, n)
-	}
-	var pkts []link.Packet
-	for i := range 4 {
-		// Different lengths: one message each (no GSO).
-		pkts = append(pkts, link.Packet{To: b.LocalAddr(), Hdr: hdr(wire.OpSend, wire.FlagFirst|wire.FlagLast, uint32(i)), Payload: randBytes(rng, 1000+i)})
-	}
-	if err := a.Send(pkts); err != nil {
-		t.Fatal(err)
-	}
-	checkRecords(t, cb.wait(t, len(pkts)), pkts, a.LocalAddr(), true)
-	s := a.Counters()
-	if calls != 2 || s.TxWaits != 1 || s.TxSyscalls != 3 || s.TxDatagrams != 4 || s.TxDrops != 0 || s.TxErrors != 0 {
-		t.Errorf("raw attempts %d, counters %+v; want 2 attempts, 1 wait, 3 syscalls, 4 datagrams, no drop", calls, s)
-	}
-}
