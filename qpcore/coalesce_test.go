@@ -44,31 +44,19 @@ func TestCoalescing(t *testing.T) {
 		var ops, bells, coal uint64
 		for attempt := 1; attempt <= 3; attempt++ {
 			before = a.n.Stats()
-			var wg sync.WaitGroup
-			errs := make(chan error, workers)
-			for w := range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					buf := make([]byte, 256)
-					for i := range each {
-						o := uint64((w*each+i)%200) * 256
-						if err := v.Read(ctx, buf, "mem", o); err != nil {
-							errs <- err
-							return
-						}
-						if !bytes.Equal(buf, b.mem[o:o+256]) {
-							errs <- errBytes
-							return
-						}
+			runWorkers(t, workers, func(w int) error {
+				buf := make([]byte, 256)
+				for i := range each {
+					o := uint64((w*each+i)%200) * 256
+					if err := v.Read(ctx, buf, "mem", o); err != nil {
+						return err
 					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+					if !bytes.Equal(buf, b.mem[o:o+256]) {
+						return errBytes
+					}
+				}
+				return nil
+			})
 			st := a.n.Stats()
 			ops, bells, coal = st.OpsDC-before.OpsDC, st.Doorbells-before.Doorbells, st.Coalesced-before.Coalesced
 			t.Logf("NoCoalesce=%v, attempt %d: %d READs in %d doorbells, %d coalesced", off, attempt, ops, bells, coal)
@@ -100,3 +88,25 @@ var errBytes = bytesError("READ returned wrong bytes")
 type bytesError string
 
 func (e bytesError) Error() string { return string(e) }
+
+// runWorkers runs work(0..n-1) on n goroutines and fails t with the first
+// error any returned, once all are done.
+func runWorkers(t *testing.T, n int, work func(w int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := work(w); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

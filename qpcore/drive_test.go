@@ -3,7 +3,6 @@ package qpcore_test
 import (
 	"bytes"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,38 +28,25 @@ func TestDriveConcurrentCallers(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	v := mustConnect(t, a.n, 2)
 	const workers, each = 12, 300
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got := make([]byte, 64)
-			for k := range each {
-				off := uint64((w*each + k) % 1000 * 64)
-				if w%3 == 0 && k%4 == 0 {
-					// Rewrite the same bytes: concurrent readers still
-					// see the pattern.
-					if err := v.Write(ctx, want[off:off+64:off+64], "mem", off); err != nil {
-						errs <- fmt.Errorf("worker %d write %d: %w", w, k, err)
-						return
-					}
-					continue
+	runWorkers(t, workers, func(w int) error {
+		got := make([]byte, 64)
+		for k := range each {
+			off := uint64((w*each + k) % 1000 * 64)
+			if w%3 == 0 && k%4 == 0 {
+				// Rewrite the same bytes: concurrent readers still
+				// see the pattern.
+				if err := v.Write(ctx, want[off:off+64:off+64], "mem", off); err != nil {
+					return fmt.Errorf("worker %d write %d: %w", w, k, err)
 				}
-				if err := v.Read(ctx, got, "mem", off); err != nil {
-					errs <- fmt.Errorf("worker %d read %d: %w", w, k, err)
-					return
-				}
-				if !bytes.Equal(got, want[off:off+64]) {
-					errs <- fmt.Errorf("worker %d read %d at %d: wrong bytes", w, k, off)
-					return
-				}
+				continue
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+			if err := v.Read(ctx, got, "mem", off); err != nil {
+				return fmt.Errorf("worker %d read %d: %w", w, k, err)
+			}
+			if !bytes.Equal(got, want[off:off+64]) {
+				return fmt.Errorf("worker %d read %d at %d: wrong bytes", w, k, off)
+			}
+		}
+		return nil
+	})
 }
