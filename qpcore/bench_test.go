@@ -132,7 +132,7 @@ func reportLat(b *testing.B, name string, l baseline.Latencies) baseline.Summary
 }
 
 // benchNodes makes node a (gid 1) and peer b (gid 2) over the resolver.
-func benchNodes(b *testing.B, res qpcore.Resolver, set func(meta.NodeInfo)) (*qpcore.Node, *qpcore.Node, func()) {
+func benchNodes(b testing.TB, res qpcore.Resolver, set func(meta.NodeInfo)) (*qpcore.Node, *qpcore.Node, func()) {
 	var devs []*softnic.Device
 	var nodes []*qpcore.Node
 	for gid := uint32(1); gid <= 2; gid++ {

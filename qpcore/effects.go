@@ -152,8 +152,9 @@ func (n *Node) deliver(o *op) {
 	case o.async:
 		o.v.complete(o)
 	default:
-		o.fin.Store(true)
+		o.fin.Store(finDone)
 		o.done <- struct{}{}
+		o.fin.Store(finReleased) // the last touch: o may be recycled now
 		if n.dscq != nil {
 			// Its waiter may be blocked receiving for the device.
 			n.dscq.Wake()

@@ -12,7 +12,6 @@ import (
 // on the way back when the RC QP drains.
 func TestFenceStateMachine(t *testing.T) {
 	n := &Node{clock: clock.System{}, cfg: Config{PeerTimeout: DefaultPeerTimeout}}
-	n.ops.m = make(map[uint64]*op)
 	p := &peer{n: n, gid: 2}
 	v := &VQP{n: n, p: p}
 	e := n.newEffects()

@@ -42,7 +42,8 @@ type Node struct {
 	ackTimeout  time.Duration // of every DCI and RC QP: attempt/8
 	attempt     time.Duration // how long one WR may wait for an answer (see liveness.go)
 
-	spare atomic.Pointer[effects] // one free effects kept for the next newEffects
+	spare   atomic.Pointer[effects] // one free effects kept for the next newEffects
+	syncOps sync.Pool               // recycled synchronous ops (see syncOp)
 
 	mu     sync.Mutex // guards peers, lru, closed
 	peers  map[uint32]*peer
@@ -91,7 +92,6 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	cfg.setDefaults()
 	n := &Node{cfg: cfg, clock: cfg.Clock, dev: dev, res: res, peers: make(map[uint32]*peer),
 		passive: make(map[verbs.QP]*passiveRC), stop: make(chan struct{})}
-	n.ops.m = make(map[uint64]*op)
 	n.incarnation = cfg.Incarnation
 	for n.incarnation == 0 {
 		n.incarnation = dct.NewKey()

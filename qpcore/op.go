@@ -89,24 +89,23 @@ func (t Transport) String() string {
 // peer found unreachable; stalled ones end when their retry is used up.
 type opState uint8
 
-// opNext lists the allowed transitions.
-var opNext = [...][]opState{
-	opNew:     {opHeld, opQueued, opDone},
-	opHeld:    {opQueued, opDone},
-	opQueued:  {opPosted, opDone},
-	opPosted:  {opStalled, opDone},
-	opStalled: {opQueued, opStalled, opDone},
-	opDone:    nil,
+// opNext lists the allowed transitions: bit s of opNext[from] allows
+// from -> s (a bit test, as every op makes three).
+var opNext = [...]uint8{
+	opNew:     1<<opHeld | 1<<opQueued | 1<<opDone,
+	opHeld:    1<<opQueued | 1<<opDone,
+	opQueued:  1<<opPosted | 1<<opDone,
+	opPosted:  1<<opStalled | 1<<opDone,
+	opStalled: 1<<opQueued | 1<<opStalled | 1<<opDone,
+	opDone:    0,
 }
 
 // setState moves o to state to; a transition the diagram does not allow is
 // a bug and panics.
 func (o *op) setState(to opState) {
-	for _, s := range opNext[o.state] {
-		if s == to {
-			o.state = to
-			return
-		}
+	if int(o.state) < len(opNext) && opNext[o.state]&(1<<to) != 0 {
+		o.state = to
+		return
 	}
 	panic(fmt.Sprintf("qpcore: %v op %d: %v -> %v", o.code, o.id, o.state, to))
 }
@@ -173,11 +172,21 @@ type op struct {
 	rc      *rcConn
 	retries int // re-lookups spent on it
 
-	done chan struct{} // sync ops: receives one value when done
-	fin  atomic.Bool   // sync ops: set before done is sent (a driver's condition)
-	err  error
-	old  uint64
+	done  chan struct{} // sync ops: receives one value when done
+	fin   atomic.Uint32 // sync ops: finPending, then finDone, then finReleased (see deliver)
+	ready func() bool   // sync ops from syncOp: whether it is done, for a driver (kept when recycled)
+	err   error
+	old   uint64
 }
+
+// A synchronous op's fin: its deliverer stores finDone before it sends on
+// done (a driver's ready condition) and finReleased once it no longer
+// touches the op, which only then may be recycled.
+const (
+	finPending uint32 = iota
+	finDone
+	finReleased
+)
 
 func (o *op) length() int {
 	if o.code.atomic() {
@@ -187,6 +196,36 @@ func (o *op) length() int {
 }
 
 func newOp() *op { return &op{sink: -1} }
+
+// syncOp returns an op for a synchronous caller, with its done channel and
+// ready condition: one that recycle kept, or a new one. Reusing them saves
+// a synchronous READ its allocations (the op, its channel, the closure).
+func (n *Node) syncOp() *op {
+	if o, _ := n.syncOps.Get().(*op); o != nil {
+		return o
+	}
+	o := newOp()
+	o.done = make(chan struct{}, 1)
+	o.ready = func() bool { return n.opReady(o) }
+	return o
+}
+
+// recycle keeps o, a synchronous op whose caller has taken its result,
+// for the next syncOp, if its deliverer has let go of it (finReleased);
+// otherwise the garbage collector takes it. Nothing refers to a done op
+// but its caller: it has left the op table, its queue and its QP.
+func (n *Node) recycle(o *op) {
+	if o.ready == nil || o.fin.Load() != finReleased {
+		return
+	}
+	select {
+	case <-o.done: // sent, and not consumed by a driver
+	default:
+	}
+	done, ready := o.done, o.ready
+	*o = op{sink: -1, done: done, ready: ready}
+	n.syncOps.Put(o)
+}
 
 // opQueue is a FIFO of ops.
 type opQueue struct {
@@ -265,40 +304,70 @@ func (q *opQueue) filter(keep func(*op) bool) []*op {
 	return out
 }
 
-// opTable maps WR IDs to ops.
+// opTable maps WR IDs to ops. An ID is the op's slot in the table (low
+// 32 bits) and the count of ops added when it was made (high 32 bits,
+// never 0), so that a late completion of a finished op never matches the
+// op that took its slot since. A slot is an index, not a hash: a READ adds,
+// finds and deletes its op once each.
 type opTable struct {
-	mu   sync.Mutex // guards m and next
-	m    map[uint64]*op
-	next uint64
+	mu    sync.Mutex // guards the fields below
+	slots []*op
+	free  []uint32 // empty slots
+	count uint32   // ops added, wrapping (skipping 0)
+	live  int      // ops in the table
 }
 
 func (t *opTable) add(o *op) {
 	t.mu.Lock()
-	t.next++
-	o.id = t.next
-	t.m[o.id] = o
+	var i uint32
+	if k := len(t.free); k > 0 {
+		i = t.free[k-1]
+		t.free = t.free[:k-1]
+	} else {
+		i = uint32(len(t.slots))
+		t.slots = append(t.slots, nil)
+	}
+	t.count++
+	if t.count == 0 {
+		t.count = 1
+	}
+	o.id = uint64(t.count)<<32 | uint64(i)
+	t.slots[i] = o
+	t.live++
 	t.mu.Unlock()
 }
 
 func (t *opTable) get(id uint64) *op {
+	i := uint32(id)
 	t.mu.Lock()
-	o := t.m[id]
-	t.mu.Unlock()
-	return o
+	defer t.mu.Unlock()
+	if int(i) < len(t.slots) {
+		if o := t.slots[i]; o != nil && o.id == id {
+			return o
+		}
+	}
+	return nil
 }
 
 func (t *opTable) del(o *op) {
+	i := uint32(o.id)
 	t.mu.Lock()
-	delete(t.m, o.id)
+	if int(i) < len(t.slots) && t.slots[i] == o {
+		t.slots[i] = nil
+		t.free = append(t.free, i)
+		t.live--
+	}
 	t.mu.Unlock()
 }
 
 func (t *opTable) all() []*op {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*op, 0, len(t.m))
-	for _, o := range t.m {
-		out = append(out, o)
+	out := make([]*op, 0, t.live)
+	for _, o := range t.slots {
+		if o != nil {
+			out = append(out, o)
+		}
 	}
 	return out
 }

@@ -32,12 +32,11 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 		return nil, err
 	}
 	start, dirAt := n.clock.Now(), p.dirAt
-	o, err := n.prepareLocked(ctx, p, v, wr, start)
+	o, err := n.prepareLocked(ctx, p, v, wr, start, true)
 	if err != nil {
 		p.mu.Unlock()
 		return nil, err
 	}
-	o.done = make(chan struct{}, 1)
 	e := n.newEffects()
 	e.now = start
 	if !p.dirAt.Equal(dirAt) {
@@ -71,7 +70,7 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 	k := 0
 	var perr error
 	for i := range wrs {
-		o, err := n.prepareLocked(ctx, p, v, &wrs[i], n.clock.Now())
+		o, err := n.prepareLocked(ctx, p, v, &wrs[i], n.clock.Now(), false)
 		if err != nil {
 			perr = &PostError{Index: base + i, Err: err}
 			break
@@ -90,16 +89,22 @@ func (n *Node) postBatch(ctx context.Context, v *VQP, wrs []WR, base int) (int, 
 	return k, perr
 }
 
-// prepareLocked pre-checks wr and builds its op, registered in the op
-// table. It may release and retake p.mu to read the peer's directory.
-func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR, start time.Time) (*op, error) {
+// prepareLocked pre-checks wr and builds its op (a synchronous one with
+// sync), registered in the op table. It may release and retake p.mu to
+// read the peer's directory.
+func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR, start time.Time, sync bool) (*op, error) {
 	// The deadline counts from start, before the pre-check: a directory
 	// read it waits for is part of the operation.
 	if err := n.precheckLocked(ctx, p, v, wr); err != nil {
 		n.stats.reject(err)
 		return nil, err
 	}
-	o := newOp()
+	var o *op
+	if sync {
+		o = n.syncOp()
+	} else {
+		o = newOp()
+	}
 	o.v, o.p, o.code = v, p, wr.Op
 	o.region, o.off = wr.Region, wr.Offset
 	switch wr.Op {

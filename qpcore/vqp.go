@@ -192,6 +192,7 @@ func (v *VQP) do(ctx context.Context, wr WR) (uint64, error) {
 	v.n.wait(ctx, o)
 	old, err := o.old, o.err
 	v.release(1)
+	v.n.recycle(o)
 	return old, err
 }
 
@@ -393,15 +394,9 @@ func (v *VQP) complete(o *op) {
 // no hand-off through the dispatcher.
 func (n *Node) wait(ctx context.Context, o *op) {
 	if n.dscq != nil {
-		ready := func() bool {
-			if o.fin.Load() {
-				return true
-			}
-			if !n.dscq.Pending() {
-				return false // nothing to poll: ready runs twice before every receive
-			}
-			n.pollSend(-1)
-			return o.fin.Load()
+		ready := o.ready
+		if ready == nil {
+			ready = func() bool { return n.opReady(o) }
 		}
 		for {
 			err := n.dscq.Drive(ctx, o.done, ready)
@@ -415,7 +410,7 @@ func (n *Node) wait(ctx context.Context, o *op) {
 			}
 			break // the device is closing: wait below
 		}
-		if o.fin.Load() {
+		if o.fin.Load() != finPending {
 			return
 		}
 	}
@@ -430,7 +425,7 @@ func (n *Node) wait(ctx context.Context, o *op) {
 			// for a notification that never comes (every other waiter may
 			// be asleep on it).
 			n.pollSend(1)
-			if o.fin.Load() {
+			if o.fin.Load() != finPending {
 				return
 			}
 		case <-done:
@@ -438,6 +433,19 @@ func (n *Node) wait(ctx context.Context, o *op) {
 			done = nil
 		}
 	}
+}
+
+// opReady is a driver's condition for o: done, polling the send CQ for it
+// when completions are queued there.
+func (n *Node) opReady(o *op) bool {
+	if o.fin.Load() != finPending {
+		return true
+	}
+	if !n.dscq.Pending() {
+		return false // nothing to poll: ready runs twice before every receive
+	}
+	n.pollSend(-1)
+	return o.fin.Load() != finPending
 }
 
 // cancel1 finishes o with err if it has not been posted.

@@ -43,7 +43,6 @@ func (c *stubCQ) left() int {
 func TestWaitKeepsNotification(t *testing.T) {
 	cq := &stubCQ{notify: make(chan struct{}, 1)}
 	n := &Node{scq: cq}
-	n.ops.m = make(map[uint64]*op)
 
 	// Another caller's completion, announced once.
 	cq.wcs = append(cq.wcs, verbs.WC{ID: 12345, Status: verbs.StatusSuccess})
@@ -52,7 +51,7 @@ func TestWaitKeepsNotification(t *testing.T) {
 	// Our op: finished, its done signal not sent yet.
 	o := newOp()
 	o.done = make(chan struct{}, 1)
-	o.fin.Store(true)
+	o.fin.Store(finDone)
 	n.wait(context.Background(), o)
 
 	pending := len(cq.notify) > 0
