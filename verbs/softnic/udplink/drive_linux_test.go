@@ -4,7 +4,10 @@ package udplink
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,11 +157,16 @@ func dialLink(t *testing.T, l *Link) *net.UDPConn {
 // TestLingerKeepsDriversOffEpoll: a driver that comes back before the
 // linger lapses takes the token without moving the socket in or out of
 // the receive goroutine's epoll set. Before lingering every Drive made
-// two epoll_ctl calls, about 4 us of a 30 us READ across a veth.
+// two epoll_ctl calls, about 4 us of a 30 us READ across a veth. Out of
+// the set means out of the kernel's epoll too (not an entry with no
+// events, which every send and receive on the socket would still visit).
 func TestLingerKeepsDriversOffEpoll(t *testing.T) {
 	checkGoroutines(t)
 	l := openLink(t, Config{Addr: loopback})
 	l.linger = time.Hour // never lapses here: the count below is exact
+	if !epollWatches(t, l.epfd, l.fd) {
+		t.Fatal("a new link's socket is not in its epoll set")
+	}
 	c := newCollector(1, 64, false)
 	l.Start(c)
 	peer := dialLink(t, l)
@@ -169,6 +177,9 @@ func TestLingerKeepsDriversOffEpoll(t *testing.T) {
 	l.tok.mu.Unlock()
 	if armed || !lingering {
 		t.Fatalf("after a Drive: armed %v, lingering %v; want the socket out of the set, lingering", armed, lingering)
+	}
+	if epollWatches(t, l.epfd, l.fd) {
+		t.Fatal("the kernel's epoll still has an entry for the socket after a Drive took it out")
 	}
 	before := l.Counters()
 	for i := 2; i <= 1000; i++ {
@@ -360,4 +371,21 @@ func TestDriverLooksAtDone(t *testing.T) {
 			}
 		})
 	}
+}
+
+// epollWatches reports whether the epoll instance epfd has an entry for fd
+// (its "tfd:" lines in /proc/self/fdinfo).
+func epollWatches(t *testing.T, epfd, fd int) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", epfd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var tfd int
+		if _, err := fmt.Sscanf(line, "tfd: %d", &tfd); err == nil && tfd == fd {
+			return true
+		}
+	}
+	return false
 }
