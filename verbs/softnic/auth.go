@@ -316,6 +316,7 @@ func (a *authState) ensure(ctx context.Context, remote netip.AddrPort) error {
 		a.initiateLocked(p)
 		ready := p.ready
 		a.mu.Unlock()
+		a.d.stopLinger() // the answer comes to a waiter that does not drive
 		select {
 		case <-ready:
 			return nil

@@ -227,6 +227,7 @@ func (d *Device) ConnectRC(ctx context.Context, vqp verbs.QP, remote netip.AddrP
 	var t link.Timer
 	send := func() {
 		d.sendNow(remote, &req, p.Private)
+		d.stopLinger() // the reply comes to a waiter that does not drive
 		fire := make(chan struct{})
 		resend, t = fire, d.clock.AfterFunc(wait, func() { close(fire) })
 	}

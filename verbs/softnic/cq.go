@@ -179,6 +179,7 @@ func (c *cq) Wait(ctx context.Context) error {
 		if dead {
 			return verbs.ErrDestroyed
 		}
+		c.dev.stopLinger()
 		select {
 		case <-c.notify:
 		case <-ctx.Done():
@@ -188,12 +189,7 @@ func (c *cq) Wait(ctx context.Context) error {
 }
 
 func (c *cq) Notify() <-chan struct{} {
-	// Whoever asks is about to wait without driving: a lingering link
-	// must watch its socket again, or the completion waits for the
-	// linger's end.
-	if lg, ok := c.dev.link.(link.Lingerer); ok {
-		lg.StopLinger()
-	}
+	c.dev.stopLinger() // whoever asks is about to wait without driving
 	return c.notify
 }
 

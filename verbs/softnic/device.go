@@ -263,6 +263,18 @@ func (d *Device) SyncMemory() {
 	d.rxMu.Unlock()
 }
 
+// stopLinger ends a lingering link's linger (link.Lingerer). Call it
+// before waiting without driving for something the link receives: a
+// completion, a CM reply, a session handshake. Otherwise that datagram
+// waits in the socket until the linger lapses, which also counts as a
+// linger miss and turns lingering off for a second, so that every
+// synchronous operation meanwhile pays two epoll_ctl calls.
+func (d *Device) stopLinger() {
+	if lg, ok := d.link.(link.Lingerer); ok {
+		lg.StopLinger()
+	}
+}
+
 // Stats returns the device counters.
 func (d *Device) Stats() verbs.DeviceStats {
 	ls := d.link.Stats()

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic/udplink"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
@@ -55,3 +56,6 @@ func dumpLocked(q *qp) string {
 // WakeOnDone reports whether a driver of c needs a wake-up when ctx ends
 // (see cq.wakeOnDone).
 func WakeOnDone(c verbs.CQ, ctx context.Context) bool { return c.(*cq).wakeOnDone(ctx) }
+
+// LinkCounters returns the counters of d's link, a *udplink.Link.
+func LinkCounters(d *Device) udplink.Counters { return d.link.(*udplink.Link).Counters() }
