@@ -128,7 +128,11 @@
 //     thread switch when its recvmsg returns. After eight receives in a
 //     row with no driver in between it goes back to blocking mode. The
 //     socket is in the epoll set only in event mode: in blocking mode
-//     every datagram would wake a poller thread for nothing.
+//     every datagram would wake a poller thread for nothing. Out of the
+//     set means removed (EPOLL_CTL_DEL): an entry left with no events
+//     stays on the socket's wait queue, which every datagram sent or
+//     received then walks with interrupts off (about 1.3 us per READ
+//     round trip on loopback).
 //   - While a driver holds the token (however it got it) the socket is out
 //     of that epoll set, so a datagram the driver receives wakes no other
 //     thread. When the last driver leaves, the socket stays out for a
