@@ -5,9 +5,6 @@ package qpcore_test
 import (
 	"context"
 	"testing"
-
-	"github.com/krfs/krfs/clock"
-	"github.com/krfs/krfs/verbs"
 )
 
 // TestReadAllocations: a synchronous READ through a VQP between two nodes
@@ -17,16 +14,9 @@ import (
 // average leaves room for the runtime's own rare ones. (Not under -race,
 // which allocates for its own bookkeeping.)
 func TestReadAllocations(t *testing.T) {
-	res := newResolver(clock.System{})
-	a, p, done := benchNodes(t, res, res.set)
+	v, done := memPair(t)
 	defer done()
-	p.Export("mem", make([]byte, 4096), verbs.AccessRemoteRead)
 	ctx := context.Background()
-	v, err := a.Connect(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
 	buf := make([]byte, 64)
 	read := func() {
 		if err := v.Read(ctx, buf, "mem", 0); err != nil {

@@ -280,15 +280,29 @@ func BenchmarkQPCoreConnectWarm(b *testing.B) {
 	}
 }
 
+// memPair starts two nodes on loopback UDP (benchNodes), node 2 exporting
+// a 4 KiB region "mem", and returns node 1's VQP to node 2; done closes
+// the VQP and the nodes.
+func memPair(tb testing.TB) (v *qpcore.VQP, done func()) {
+	res := newResolver(clock.System{})
+	a, p, stop := benchNodes(tb, res, res.set)
+	if _, err := p.Export("mem", make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
+		stop()
+		tb.Fatal(err)
+	}
+	v, err := a.Connect(context.Background(), 2)
+	if err != nil {
+		stop()
+		tb.Fatal(err)
+	}
+	return v, func() { v.Close(); stop() }
+}
+
 // BenchmarkQPCoreRead is a synchronous 64-byte READ through a VQP (DC).
 func BenchmarkQPCoreRead(b *testing.B) {
-	res := newResolver(clock.System{})
-	a, p, done := benchNodes(b, res, res.set)
+	v, done := memPair(b)
 	defer done()
-	p.Export("mem", make([]byte, 4096), verbs.AccessRemoteRead)
 	ctx := context.Background()
-	v, _ := a.Connect(ctx, 2)
-	defer v.Close()
 	buf := make([]byte, 64)
 	lat := make(baseline.Latencies, 0, b.N)
 	b.ResetTimer()
