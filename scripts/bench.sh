@@ -212,13 +212,16 @@ veth_rows() {
 			rm -f "$RAW/$name.json"
 		fi
 	}
-	# Paired: each krfs row right after (or before) its baseline.
-	base veth_base_udp8 $h1 "$KBASE" udp -addr "$net.1" -to "$udp" -n $LAT_N -s 8
-	KB_PREFIX=$h1 kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N "${capi[@]}"
+	# Latency: krfs bench measures the baseline itself, in chunks between
+	# chunks of its own operations (10 of each), so that the machine's
+	# drift between two blocks does not move the ratio: the ping-pong to
+	# host 2's echo (--baseline-echo), preads of the floor's file
+	# (--baseline-floor). The rate and bandwidth rows pair a krfs run with a
+	# krfs-baseline run right before it.
+	KB_PREFIX=$h1 kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N --baseline-echo "$udp" "${capi[@]}"
 	if [[ -n $floor ]]; then
-		base veth_base_floor_lat8 "$KBASE" pread -path "$floor" -n $LAT_N -s 8
+		kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N --baseline-floor "$floor" "${cfile[@]}"
 	fi
-	kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N "${cfile[@]}"
 	if [[ -n $floor ]]; then
 		base veth_base_floor_rate32 "$KBASE" prate -path "$floor" -t 32 -s 8 -d ${RATE_D}s
 	fi

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"github.com/krfs/krfs/internal/bench"
 	"io"
+	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/internal/bench"
 )
 
 func TestBenchArgs(t *testing.T) {
@@ -61,6 +65,10 @@ func TestBenchArgs(t *testing.T) {
 		{"fuse_noop_lat", "--path", "f"},
 		{"read_lat", "--path", "f", "--transport", "rc"},
 		{"read_lat", "--meta", "127.0.0.1:1", "--gid", "1", "--transport", "ud"},
+		{"read_bw", "--path", "f", "--baseline-echo", "127.0.0.1:7"},             // latency tests only
+		{"read_lat", "--path", "f", "--baseline-echo", "localhost:7"},            // not IP:PORT
+		{"read_lat", "--path", "f", "--baseline-echo", "127.0.0.1:7", "-D", "1"}, // no -D
+		{"read_lat", "--path", "f", "--baseline-floor", "g", "--baseline-echo", "127.0.0.1:7"},
 	} {
 		if _, err := parseBenchArgs(bad, io.Discard); !errors.Is(err, errUsage) {
 			t.Errorf("%q: %v, want a usage error", bad, err)
@@ -129,6 +137,56 @@ func TestBenchAPIReadLat(t *testing.T) {
 		if a[0] == "write_bw" && !strings.Contains(stdout.String(), "131072 bytes skipped") {
 			t.Errorf("sizes past the region not reported:\n%s", stdout.String())
 		}
+	}
+}
+
+// TestBenchChosenBaselines runs read_lat with each kind of baseline: a UDP
+// echo elsewhere (--baseline-echo) and a file's pread (--baseline-floor);
+// a size past the floor file has no baseline.
+func TestBenchChosenBaselines(t *testing.T) {
+	addr, gid := benchCluster(t)
+	echo, err := baseline.StartRemoteServer(netip.MustParseAddr("127.0.0.1"), 0, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	floor := filepath.Join(t.TempDir(), "floor")
+	if err := os.WriteFile(floor, make([]byte, 64), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		flag, value, size, name string
+	}{
+		{"--baseline-echo", echo.UDPAddr().String(), "8", "udp_pingpong p50 (echo " + echo.UDPAddr().String() + ")"},
+		{"--baseline-floor", floor, "64", "floor pread p50"},
+		{"--baseline-floor", floor, "128", ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := []string{"krfs", "bench", "read_lat", "--meta", addr, "--gid", strconv.Itoa(int(gid)), "--timeout", "2m", "-s", c.size, "-n", "40", "--json", c.flag, c.value}
+		if code := run(args, &stdout, &stderr); code != 0 {
+			t.Fatalf("%s %s: exit %d: %s", c.flag, c.value, code, stderr.String())
+		}
+		var r bench.Report
+		if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+			t.Fatalf("%v: %s", err, stdout.String())
+		}
+		if len(r.Tables) != 1 || r.Tables[0].Rows[0].Iterations != 40 {
+			t.Fatalf("%s: tables %+v", c.flag, r.Tables)
+		}
+		if c.name == "" {
+			if len(r.Baselines) != 0 {
+				t.Errorf("-s %s past the %s floor file: baselines %+v", c.size, "64 B", r.Baselines)
+			}
+			continue
+		}
+		if len(r.Baselines) != 1 || r.Baselines[0].Name != c.name || r.Baselines[0].Baseline <= 0 {
+			t.Errorf("%s: baselines %+v, want one named %q", c.flag, r.Baselines, c.name)
+		}
+	}
+	var stderr bytes.Buffer
+	args := []string{"krfs", "bench", "read_lat", "--meta", addr, "--gid", strconv.Itoa(int(gid)), "-n", "20", "--baseline-floor", floor + ".absent"}
+	if code := run(args, io.Discard, &stderr); code == 0 || !strings.Contains(stderr.String(), "floor.absent") {
+		t.Errorf("an absent floor file: exit %d, %q", code, stderr.String())
 	}
 }
 

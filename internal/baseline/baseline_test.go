@@ -2,6 +2,7 @@ package baseline
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"slices"
@@ -228,5 +229,41 @@ func TestAlternate(t *testing.T) {
 		if _, err := Alternate(bad[0], bad[1], 8, func(int) error { return nil }); err == nil {
 			t.Errorf("Alternate(%d, %d) accepted", bad[0], bad[1])
 		}
+	}
+}
+
+// TestAlternateWithInterleaves checks that every chunk of ours is followed
+// by a chunk of the baseline of the same size, that the baseline's
+// latencies come back in order, and that a baseline's error stops the run.
+func TestAlternateWithInterleaves(t *testing.T) {
+	var trace []string
+	n := 0
+	base, err := AlternateWith(3, 7, func(k int) error {
+		trace = append(trace, fmt.Sprintf("ours%d", k))
+		return nil
+	}, func(k int) (Latencies, error) {
+		trace = append(trace, fmt.Sprintf("base%d", k))
+		var l Latencies
+		for range k {
+			n++
+			l = append(l, time.Duration(n))
+		}
+		return l, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ours3", "base3", "ours2", "base2", "ours2", "base2"}; !slices.Equal(trace, want) {
+		t.Fatalf("order %v, want %v", trace, want)
+	}
+	for i, d := range base {
+		if d != time.Duration(i+1) {
+			t.Fatalf("baseline latencies %v, want 1..7 in order", base)
+		}
+	}
+	boom := errors.New("boom")
+	ours := 0
+	if _, err := AlternateWith(4, 8, func(int) error { ours++; return nil }, func(int) (Latencies, error) { return nil, boom }); !errors.Is(err, boom) || ours != 1 {
+		t.Fatalf("baseline error: %v after %d chunks of ours", err, ours)
 	}
 }

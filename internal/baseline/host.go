@@ -83,19 +83,25 @@ func checkUDPArgs(what string, count, size int) error {
 }
 
 // Alternate measures the thing under test and the UDP ping-pong (size
-// bytes, on 127.0.0.1) in alternating chunks: ours(k) runs k operations of
-// the thing under test, then k ping-pong round trips follow, rounds times
-// in all, and n operations of each in total. It returns the ping-pong's
-// latencies. On a machine whose speed drifts within seconds, this keeps
-// both figures of a ratio under the same conditions; measuring one after
-// the other, as the ping-pong in a single block after the thing under
-// test, lets the ratio swing with the drift (0.84x-1.41x between quiet
-// runs of one build).
+// bytes, on 127.0.0.1) in alternating chunks; see AlternateWith.
 func Alternate(rounds, n, size int, ours func(k int) error) (Latencies, error) {
+	return AlternateWith(rounds, n, ours, func(k int) (Latencies, error) { return UDPPingPong(k, size) })
+}
+
+// AlternateWith measures the thing under test and a baseline in
+// alternating chunks: ours(k) runs k operations of the thing under test,
+// then base(k) measures k operations of the baseline, rounds times in all,
+// and n operations of each in total. It returns the baseline's latencies.
+// On a machine whose speed drifts within seconds, this keeps both figures
+// of a ratio under the same conditions; measuring one after the other, as
+// the ping-pong in a single block after the thing under test, lets the
+// ratio swing with the drift (0.84x-1.41x between quiet runs of one
+// build).
+func AlternateWith(rounds, n int, ours func(k int) error, base func(k int) (Latencies, error)) (Latencies, error) {
 	if rounds < 1 || n < rounds {
 		return nil, fmt.Errorf("baseline: Alternate: %d operations in %d rounds", n, rounds)
 	}
-	base := make(Latencies, 0, n)
+	out := make(Latencies, 0, n)
 	for r := range rounds {
 		k := n / rounds
 		if r < n%rounds {
@@ -104,11 +110,11 @@ func Alternate(rounds, n, size int, ours func(k int) error) (Latencies, error) {
 		if err := ours(k); err != nil {
 			return nil, err
 		}
-		lat, err := UDPPingPong(k, size)
+		lat, err := base(k)
 		if err != nil {
 			return nil, err
 		}
-		base = append(base, lat...)
+		out = append(out, lat...)
 	}
-	return base, nil
+	return out, nil
 }

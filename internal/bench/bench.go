@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -60,9 +61,18 @@ type Opts struct {
 	Region      string
 	Port        uint
 	Baseline    bool
-	Progress    string // auto, on, off
-	Timeout     time.Duration
-	Transport   string // API mode: auto, dc, rc
+	// BaselineEcho and BaselineFloor choose the baseline of a latency
+	// test (--baseline-echo, --baseline-floor; either implies Baseline).
+	// By default it is a UDP ping-pong on 127.0.0.1 with its own echo.
+	// BaselineEcho is the IP:PORT of a UDP echo server elsewhere
+	// (krfs-baseline serve): the ping-pong crosses the same network as
+	// krfs. BaselineFloor is a file whose pread is the baseline (the FUSE
+	// floor of krfs-baseline floor).
+	BaselineEcho  string
+	BaselineFloor string
+	Progress      string // auto, on, off
+	Timeout       time.Duration
+	Transport     string // API mode: auto, dc, rc
 }
 
 func (o *Opts) IsLat() bool   { return strings.HasSuffix(o.Test, "_lat") }
@@ -127,6 +137,9 @@ func (o *Opts) Validate() error {
 	if o.Outstanding > 1 && !o.IsBW() {
 		return fmt.Errorf("%w: -t applies to read_bw and write_bw; latency tests keep one operation outstanding", ErrUsage)
 	}
+	if err := o.validateBaseline(); err != nil {
+		return err
+	}
 	switch o.Transport {
 	case "auto", "dc", "rc":
 	default:
@@ -166,6 +179,28 @@ func (o *Opts) Validate() error {
 	if o.Size < 1 || o.Size > 1<<30 {
 		return fmt.Errorf("%w: -s %s: want 1 byte to 1G", ErrUsage, o.SizeStr)
 	}
+	return nil
+}
+
+// validateBaseline checks --baseline-echo and --baseline-floor.
+func (o *Opts) validateBaseline() error {
+	if o.BaselineEcho == "" && o.BaselineFloor == "" {
+		return nil
+	}
+	switch {
+	case o.BaselineEcho != "" && o.BaselineFloor != "":
+		return fmt.Errorf("%w: --baseline-echo and --baseline-floor exclude each other", ErrUsage)
+	case !o.IsLat():
+		return fmt.Errorf("%w: --baseline-echo and --baseline-floor apply to latency tests (*_lat)", ErrUsage)
+	case o.Duration > 0:
+		return fmt.Errorf("%w: --baseline-echo and --baseline-floor alternate with -n iterations; -D is not supported", ErrUsage)
+	}
+	if o.BaselineEcho != "" {
+		if _, err := netip.ParseAddrPort(o.BaselineEcho); err != nil {
+			return fmt.Errorf("%w: --baseline-echo %q: want IP:PORT (%v)", ErrUsage, o.BaselineEcho, err)
+		}
+	}
+	o.Baseline = true
 	return nil
 }
 

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/internal/baseline"
 )
@@ -78,19 +81,34 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 					return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 				}
 			}
-			lat, err := timeLoop(n, deadline, op, func(k int, start time.Time) { p.update(frac(k, n, start)) })
+			base, baseName, err := o.latBaseline(size)
+			if err != nil {
+				return nil, err
+			}
+			var lat, bl baseline.Latencies
+			if base != nil && deadline == nil {
+				// The baseline in chunks between chunks of ours (see
+				// baseline.AlternateWith).
+				bl, err = baseline.AlternateWith(min(10, n), n, func(k int) error {
+					done := len(lat)
+					l, err := timeLoop(k, nil, op, func(j int, start time.Time) { p.update(frac(done+j, n, start)) })
+					lat = append(lat, l...)
+					return err
+				}, base)
+			} else {
+				lat, err = timeLoop(n, deadline, op, func(k int, start time.Time) { p.update(frac(k, n, start)) })
+				if err == nil && base != nil { // -D: the baseline after ours
+					bl, err = base(min(max(len(lat), 200), 5000))
+				}
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 			}
 			row := NewLatRow("", size, lat)
 			r.AddLat(LatTitle(o.Test), row)
-			if o.Baseline && size <= baseline.MaxUDPSize {
-				bl, err := baseline.UDPPingPong(min(max(len(lat), 200), 5000), size)
-				if err != nil {
-					return nil, fmt.Errorf("baseline: %w", err)
-				}
+			if base != nil {
 				bs := bl.Summary()
-				r.Baselines = append(r.Baselines, BaseRow{Bytes: size, Name: "udp_pingpong p50", Unit: "usec",
+				r.Baselines = append(r.Baselines, BaseRow{Bytes: size, Name: baseName, Unit: "usec",
 					Krfs: row.TypicalUs, Baseline: us(bs.Typical), Ratio: ratio(row.TypicalUs, us(bs.Typical))})
 			}
 		case o.IsBW():
@@ -166,6 +184,41 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 		p.end()
 	}
 	return r, nil
+}
+
+// latBaseline is the baseline of a latency test of size bytes: a
+// function that measures k of its operations, and its name; nil when o
+// asks for none or none fits size.
+func (o *Opts) latBaseline(size int) (func(k int) (baseline.Latencies, error), string, error) {
+	switch {
+	case !o.Baseline:
+		return nil, "", nil
+	case o.BaselineFloor != "":
+		path := o.BaselineFloor
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			return nil, "", fmt.Errorf("--baseline-floor %s: %w", path, err)
+		}
+		if int64(size) > st.Size {
+			return nil, "", nil
+		}
+		return func(k int) (baseline.Latencies, error) { return baseline.PreadLatency(path, k, size) }, "floor pread p50", nil
+	case size > baseline.MaxUDPSize:
+		return nil, "", nil
+	case o.BaselineEcho != "":
+		echo, err := netip.ParseAddrPort(o.BaselineEcho)
+		if err != nil {
+			return nil, "", fmt.Errorf("--baseline-echo %q: %w", o.BaselineEcho, err)
+		}
+		// The unspecified address: the kernel picks the source on the
+		// route to the echo, as it does for the peer.
+		h := baseline.Host{Addr: netip.IPv4Unspecified()}
+		if echo.Addr().Is6() {
+			h.Addr = netip.IPv6Unspecified()
+		}
+		return func(k int) (baseline.Latencies, error) { return h.UDPPingPongTo(echo, k, size) }, "udp_pingpong p50 (echo " + o.BaselineEcho + ")", nil
+	}
+	return func(k int) (baseline.Latencies, error) { return baseline.UDPPingPong(k, size) }, "udp_pingpong p50", nil
 }
 
 // LatTitle is the title of the latency table of test.
