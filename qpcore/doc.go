@@ -171,6 +171,10 @@
 // probe at a time (one per attempt), and any answer brings it back. The
 // first silence of a peer also looks it up again in the background, so a
 // peer that moved is followed within an attempt or two. See liveness.go.
+// A caller therefore needs no deadline of its own: pass a context with one
+// only for a shorter bound or to cancel. context.WithTimeout costs a runtime
+// timer and 4 allocations per call (0.5-0.7 us on a 2-vCPU VM, a few
+// percent of an 8-byte READ).
 //
 // # Messages
 //
