@@ -48,7 +48,9 @@
 // entries of peers/ (or the root), which mirror the cluster. Every remote
 // operation ends within qpcore's PeerTimeout (krfs's --timeout) plus a
 // housekeeping tick; Options.Timeout, which krfs sets to --timeout + 1 s,
-// is only a backstop.
+// is only a backstop. Reads, writes, atomics and port writes share one
+// backstop context per 100 ms window instead of a timer each, so theirs
+// may come up to 100 ms later.
 //
 // # Peers change
 //

@@ -21,7 +21,8 @@ type Options struct {
 	// DefaultPermissions makes the kernel check permissions from the
 	// files' mode and owner.
 	DefaultPermissions bool
-	// Timeout bounds every remote operation (default 2 s).
+	// Timeout bounds every remote operation (default 2 s; reads, writes,
+	// atomics and port writes: up to 100 ms more, see deadlines).
 	Timeout time.Duration
 	// Debug logs every FUSE request.
 	Debug bool
@@ -106,10 +107,10 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	// Attributes go through attrFiller; READDIRPLUS would hand the kernel
 	// attributes past it, so ls -l looks each entry up instead.
 	opts.MountOptions.DisableReadDirPlus = true
-	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.releaseIO}
+	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
 	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
-		root.m.releaseIO()
+		root.m.unmounted()
 		return nil, err
 	}
 	go srv.Serve()

@@ -22,6 +22,15 @@ type mount struct {
 
 	mu    sync.Mutex      // guards ports
 	ports map[uint32]Port // bound through ports/
+
+	dl deadlines // the data path's contexts
+}
+
+// unmounted releases what the mount holds once no request can come: the
+// data path's deadline and the I/O buffers.
+func (m *mount) unmounted() {
+	m.dl.close()
+	m.releaseIO()
 }
 
 // releaseIO unregisters the I/O buffers, once no request can use them.
@@ -99,7 +108,7 @@ func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 }
 
 func newRoot(b Backend, o Options) *root {
-	return &root{m: &mount{b: b, o: o, ports: map[uint32]Port{}}}
+	return &root{m: &mount{b: b, o: o, ports: map[uint32]Port{}, dl: deadlines{timeout: o.Timeout, now: time.Now}}}
 }
 
 func (r *root) OnAdd(ctx context.Context) {
@@ -486,8 +495,7 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 	if off < 0 {
 		return nil, syscall.EINVAL
 	}
-	c, cancel := f.m.ctx(ctx)
-	defer cancel()
+	c := f.m.dl.get()
 	if off >= h.size.Load() {
 		// The end as last seen: the region may have grown since (one
 		// directory READ per read at the end, so a sequential reader
@@ -538,8 +546,7 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 	if off < 0 {
 		return 0, syscall.EINVAL
 	}
-	c, cancel := f.m.ctx(ctx)
-	defer cancel()
+	c := f.m.dl.get()
 	if len(data) > 0 && off+int64(len(data)) > h.size.Load() {
 		// Past the end as last seen: the region may have grown since.
 		if err := h.refresh(c, f.region, 0); err != nil {
@@ -570,8 +577,7 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 		// for writing, whatever the file's mode.
 		return 0, syscall.EBADF
 	}
-	c, cancel := f.m.ctx(ctx)
-	defer cancel()
+	c := f.m.dl.get()
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
 			if off+8 > h.size.Load() {
@@ -665,8 +671,7 @@ func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byt
 	if len(data) > MaxMessage {
 		return 0, syscall.EMSGSIZE
 	}
-	c, cancel := f.m.ctx(ctx)
-	defer cancel()
+	c := f.m.dl.get()
 	if err := h.conn.Send(c, f.port, data); err != nil {
 		return 0, errno(err)
 	}
