@@ -63,7 +63,12 @@
 //	}
 //
 // Run baselines one at a time and not concurrently with the code under test:
-// with two vCPUs, anything running beside a measurement is part of it.
+// with two vCPUs, anything running beside a measurement is part of it. On a
+// machine whose speed drifts within seconds, interleave them instead of
+// measuring one block after the other: Alternate runs the code under test
+// and the ping-pong in alternating chunks, AlternateWith does the same with
+// any baseline (a ping-pong to a RemoteServer's echo, preads of a FUSE
+// floor's file).
 //
 // # Addresses
 //
