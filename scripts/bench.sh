@@ -217,7 +217,8 @@ veth_rows() {
 	# drift between two blocks does not move the ratio: the ping-pong to
 	# host 2's echo (--baseline-echo), preads of the floor's file
 	# (--baseline-floor). The rate and bandwidth rows pair a krfs run with a
-	# krfs-baseline run right before it.
+	# krfs-baseline run right before it (the TCP one once before each 1 MiB
+	# row).
 	KB_PREFIX=$h1 kb veth_api_read_lat8 read_lat -s 8 -n $LAT_N --baseline-echo "$udp" "${capi[@]}"
 	if [[ -n $floor ]]; then
 		kb veth_fuse_read_lat8 read_lat -s 8 -n $LAT_N --baseline-floor "$floor" "${cfile[@]}"
@@ -228,6 +229,7 @@ veth_rows() {
 	kb veth_fuse_rate32 read_bw -s 8 -t 32 -D $RATE_D "${cfile[@]}"
 	base veth_base_tcp1m $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
 	KB_PREFIX=$h1 kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
+	base veth_base_tcp1m_fuse $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
 	kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
 	# Memory: fio through host 1's file of host 2's memory, then host 1's
 	# daemon's own (anonymous) memory.
