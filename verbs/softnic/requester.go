@@ -493,8 +493,10 @@ func (r *requester) ackUpTo(a wire.PSN) {
 	r.settle()
 	// Progress restarts the ACK timeout of what is still owed; when
 	// nothing is, the timer lapses and the next arm reads the clock.
+	// ackUpTo runs in the receive path (onResponse, rxMu held): the
+	// batch's clock reading is the progress's time.
 	if progressed && r.una.Less(r.sentHigh) {
-		r.lastProgress = r.q.dev.clock.Now()
+		r.lastProgress = r.q.dev.rxClock()
 	}
 }
 

@@ -219,10 +219,17 @@ func TestRetryCntStalledHost(t *testing.T) {
 	}
 }
 
-// countingClock is a manual clock that counts the timers made through it.
+// countingClock is a manual clock that counts the timers made through it
+// and its readings.
 type countingClock struct {
 	*softnictest.ManualClock
 	made atomic.Int64
+	nows atomic.Int64
+}
+
+func (c *countingClock) Now() time.Time {
+	c.nows.Add(1)
+	return c.ManualClock.Now()
 }
 
 func (c *countingClock) AfterFunc(d time.Duration, f func()) link.Timer {
