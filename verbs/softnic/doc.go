@@ -41,7 +41,10 @@
 // when a packet leaves. Each QP has one timer, not one per operation: an
 // acknowledgment moves the deadline or ends the wait, and a timer that
 // fires before the deadline that holds then schedules itself for it (or
-// lapses when nothing is owed), so back-to-back operations make no timers. A NIC's receive pipeline never falls behind, so
+// lapses when nothing is owed), so back-to-back operations make no timers.
+// The receive path reads the clock once per received batch for the
+// deadlines its acknowledgments move (not once per READ response segment).
+// A NIC's receive pipeline never falls behind, so
 // its timeout means the peer or the network did not answer; softnic's is
 // software and on a busy host an ACK can wait in the device's own socket
 // while the timer fires. So a timeout counts against RetryCnt only if the
