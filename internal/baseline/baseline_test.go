@@ -267,3 +267,16 @@ func TestAlternateWithInterleaves(t *testing.T) {
 		t.Fatalf("baseline error: %v after %d chunks of ours", err, ours)
 	}
 }
+
+// TestRounds checks the chunking AlternateWith's callers use: chunks of
+// ChunkOps operations, at least 10 rounds, never more rounds than
+// operations.
+func TestRounds(t *testing.T) {
+	for _, c := range []struct{ n, want int }{
+		{1, 1}, {5, 5}, {10, 10}, {300, 10}, {2000, 10}, {2200, 11}, {20000, 100}, {100000, 500},
+	} {
+		if got := Rounds(c.n); got != c.want {
+			t.Errorf("Rounds(%d) = %d, want %d", c.n, got, c.want)
+		}
+	}
+}

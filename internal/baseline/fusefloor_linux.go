@@ -177,7 +177,7 @@ func PreadLatency(path string, iters, size int) (Latencies, error) {
 	defer unix.Close(fd)
 	buf := make([]byte, size)
 	lat := make(Latencies, 0, iters)
-	for i := -pingWarmup; i < iters; i++ {
+	for i := -Warmup; i < iters; i++ {
 		t0 := time.Now()
 		n, err := unix.Pread(fd, buf, 0)
 		d := time.Since(t0)

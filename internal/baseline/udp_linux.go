@@ -48,10 +48,6 @@ func (h Host) UDPPingPong(iters int, size int) (Latencies, error) {
 	return lat, err
 }
 
-// pingWarmup is the number of untimed round trips before UDPPingPong's
-// timed ones: they fault in the buffers and wake both threads once.
-const pingWarmup = 16
-
 func pingPong(cli *udpSock, to *sockaddr, iters, size int) (Latencies, error) {
 	req := make([]byte, size)
 	for i := range req {
@@ -59,7 +55,7 @@ func pingPong(cli *udpSock, to *sockaddr, iters, size int) (Latencies, error) {
 	}
 	resp := make([]byte, size)
 	lat := make(Latencies, iters)
-	for i := -pingWarmup; i < iters; i++ {
+	for i := -Warmup; i < iters; i++ {
 		t0 := time.Now()
 		if err := sendto(cli.fd, req, to); err != nil {
 			return nil, fmt.Errorf("baseline: UDPPingPong sendto: %w", err)

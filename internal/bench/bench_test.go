@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -55,5 +56,49 @@ func TestBenchTables(t *testing.T) {
 	}
 	if !strings.Contains(BWHeader, "BW peak[MiB/sec]") || !strings.Contains(BWHeader, "MsgRate[Mpps]") {
 		t.Error("header")
+	}
+}
+
+// TestAlternateWarmsUpEachChunk checks that every chunk of ours starts
+// with baseline.Warmup untimed operations, as every chunk of the baseline
+// does, that only the timed ones are returned, and that an error of a
+// warm-up operation stops the run.
+func TestAlternateWarmsUpEachChunk(t *testing.T) {
+	const n = 1000
+	var trace []int // per chunk: operations of ours, then -k for a baseline chunk of k
+	ops := 0
+	op := func() error { ops++; return nil }
+	base := func(k int) (baseline.Latencies, error) {
+		trace = append(trace, ops, -k)
+		ops = 0
+		return make(baseline.Latencies, k), nil
+	}
+	lat, bl, err := alternate(n, op, base, func(int, time.Time) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lat) != n || len(bl) != n {
+		t.Fatalf("%d latencies of ours and %d of the baseline, want %d each", len(lat), len(bl), n)
+	}
+	rounds := baseline.Rounds(n)
+	if len(trace) != 2*rounds {
+		t.Fatalf("%d chunks, want %d", len(trace)/2, rounds)
+	}
+	for i := 0; i < len(trace); i += 2 {
+		if k := -trace[i+1]; trace[i] != baseline.Warmup+k {
+			t.Fatalf("chunk %d: %d operations of ours before a baseline chunk of %d, want %d", i/2, trace[i], k, baseline.Warmup+k)
+		}
+	}
+
+	boom := errors.New("boom")
+	calls := 0
+	failing := func() error {
+		if calls++; calls == n/rounds+baseline.Warmup+1 { // the second chunk's first warm-up
+			return boom
+		}
+		return nil
+	}
+	if _, _, err := alternate(n, failing, base, func(int, time.Time) {}); !errors.Is(err, boom) {
+		t.Fatalf("a failing warm-up operation: %v", err)
 	}
 }

@@ -87,14 +87,7 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 			}
 			var lat, bl baseline.Latencies
 			if base != nil && deadline == nil {
-				// The baseline in chunks between chunks of ours (see
-				// baseline.AlternateWith).
-				bl, err = baseline.AlternateWith(min(10, n), n, func(k int) error {
-					done := len(lat)
-					l, err := timeLoop(k, nil, op, func(j int, start time.Time) { p.update(frac(done+j, n, start)) })
-					lat = append(lat, l...)
-					return err
-				}, base)
+				lat, bl, err = alternate(n, op, base, func(k int, start time.Time) { p.update(frac(k, n, start)) })
 			} else {
 				lat, err = timeLoop(n, deadline, op, func(k int, start time.Time) { p.update(frac(k, n, start)) })
 				if err == nil && base != nil { // -D: the baseline after ours
@@ -242,6 +235,26 @@ func ratio(a, b float64) float64 {
 
 // timeLoop times n calls of op (or calls until the deadline), reporting
 // progress every 64 calls.
+// alternate times n operations op and n of the baseline base in
+// alternating chunks (baseline.AlternateWith, baseline.Rounds). Each
+// chunk of op starts with baseline.Warmup untimed operations, as each of
+// the baseline's does, so that neither side alone pays for the switch.
+// prog reports progress (k of n operations done).
+func alternate(n int, op func() error, base func(k int) (baseline.Latencies, error), prog func(k int, start time.Time)) (lat, bl baseline.Latencies, err error) {
+	bl, err = baseline.AlternateWith(baseline.Rounds(n), n, func(k int) error {
+		for range baseline.Warmup {
+			if err := op(); err != nil {
+				return err
+			}
+		}
+		done := len(lat)
+		l, err := timeLoop(k, nil, op, func(j int, start time.Time) { prog(done+j, start) })
+		lat = append(lat, l...)
+		return err
+	}, base)
+	return lat, bl, err
+}
+
 func timeLoop(n int, deadline func() time.Time, op func() error, prog func(k int, start time.Time)) (baseline.Latencies, error) {
 	var end time.Time
 	if deadline != nil {

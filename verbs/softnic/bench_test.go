@@ -65,8 +65,15 @@ func BenchmarkReadLatency8B(b *testing.B) {
 	b.ResetTimer()
 	b.StopTimer()
 	// The ping-pong runs in chunks between chunks of READs (see
-	// baseline.Alternate); b's timer counts only the READs.
-	base, err := baseline.Alternate(min(10, b.N), b.N, 8, func(k int) error {
+	// baseline.Alternate), each after a warm-up; b's timer counts only the
+	// timed READs.
+	base, err := baseline.Alternate(baseline.Rounds(b.N), b.N, 8, func(k int) error {
+		for range baseline.Warmup {
+			if err := qa.PostSend(wr); err != nil {
+				return err
+			}
+			waitOne(ctx, b, a.cq, wcs)
+		}
 		b.StartTimer()
 		defer b.StopTimer()
 		for range k {
