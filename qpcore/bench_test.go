@@ -310,7 +310,7 @@ func BenchmarkQPCoreRead(b *testing.B) {
 	// The ping-pong runs in chunks between chunks of READs (see
 	// baseline.Alternate), each after a warm-up; b's timer counts only the
 	// timed READs.
-	base, err := baseline.Alternate(baseline.Rounds(b.N), b.N, 64, func(k int) error {
+	base, err := baseline.Alternate(baseline.LocalRounds(b.N), b.N, 64, func(k int) error {
 		for range baseline.Warmup {
 			if err := v.Read(ctx, buf, "mem", 0); err != nil {
 				return err

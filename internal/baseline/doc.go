@@ -68,10 +68,11 @@
 // measuring one block after the other: Alternate runs the code under test
 // and the ping-pong in alternating chunks, AlternateWith does the same with
 // any baseline (a ping-pong to a RemoteServer's echo, preads of a FUSE
-// floor's file). Pass Rounds(n) as the rounds (chunks of ChunkOps
-// operations) and start each chunk of the code under test with Warmup
-// untimed operations, as every baseline chunk does; AlternateWith's doc
-// has the A/A tests behind both.
+// floor's file). Pass LocalRounds(n) to Alternate, RemoteRounds(n)
+// (chunks of ChunkOps operations) to AlternateWith with a server in
+// another process, and start each chunk of the code under test with
+// Warmup untimed operations, as every baseline chunk does; AlternateWith's
+// doc has the A/A tests behind the choice.
 //
 // # Addresses
 //

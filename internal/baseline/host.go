@@ -97,13 +97,20 @@ func Alternate(rounds, n, size int, ours func(k int) error) (Latencies, error) {
 const Warmup = 16
 
 // ChunkOps is about how many operations of each side one round of
-// AlternateWith measures when Rounds picks the rounds.
+// AlternateWith measures when RemoteRounds picks the rounds.
 const ChunkOps = 200
 
-// Rounds is how many rounds AlternateWith should alternate n operations
-// of each side in: chunks of about ChunkOps operations, and at least 10
-// rounds (or n, if fewer).
-func Rounds(n int) int { return max(min(10, n), n/ChunkOps) }
+// RemoteRounds is how many rounds AlternateWith should alternate n
+// operations of each side in when the baseline's server lives on across
+// rounds in another process (UDPPingPongTo a RemoteServer's echo,
+// PreadLatency of a FUSE floor): chunks of about ChunkOps operations, and
+// at least 10 rounds (or n, if fewer).
+func RemoteRounds(n int) int { return max(min(10, n), n/ChunkOps) }
+
+// LocalRounds is how many rounds Alternate should alternate n operations
+// of each side in, with the ping-pong's echo in this process and started
+// anew for every chunk: 10 (or n, if fewer).
+func LocalRounds(n int) int { return min(10, n) }
 
 // AlternateWith measures the thing under test and a baseline in
 // alternating chunks: ours(k) runs k operations of the thing under test,
@@ -115,17 +122,23 @@ func Rounds(n int) int { return max(min(10, n), n/ChunkOps) }
 // ratio swing with the drift (0.84x-1.41x between quiet runs of one
 // build).
 //
-// Short chunks and many operations matter as much. Measured across a veth
-// between two network namespaces on a 2-vCPU VM, with the ping-pong as
-// both sides (an A/A test, 20,000 round trips each): 10 rounds gave
-// ratios of 0.997-1.134, 100 rounds 0.992-1.004. With two identical echo
-// servers in two processes as the two sides, 100 rounds still gave
-// 0.98-1.25: the round trip is bimodal on a VM (about 20 us, or 30-90 us
-// when it must wake a halted vCPU; a busy loop at idle priority on each
-// vCPU moved most round trips to the fast mode), the median sits near the
-// boundary between the modes, and which mode a pair of threads gets lasts
-// for seconds. 100,000 round trips each in 500 rounds gave 0.986-1.079.
-// Rounds picks chunks of ChunkOps.
+// How many rounds depends on where the baseline runs; A/A tests (the
+// ping-pong as both sides) on a 2-vCPU VM decide it:
+//   - Across a veth between two network namespaces, to an echo server in
+//     another process (20,000 round trips each): 10 rounds gave ratios of
+//     0.997-1.134, 100 rounds 0.992-1.004. With two identical echo servers
+//     in two processes as the two sides, 100 rounds still gave 0.98-1.25:
+//     the round trip is bimodal on a VM (about 20 us, or 30-90 us when it
+//     must wake a halted vCPU; a busy loop at idle priority on each vCPU
+//     moved most round trips to the fast mode), the median sits near the
+//     boundary between the modes, and which mode a pair of threads gets
+//     lasts for seconds; 100,000 round trips each in 500 rounds gave
+//     0.986-1.079. Use RemoteRounds and many operations.
+//   - On loopback with the echo in this process, started for every chunk
+//     (Alternate): 10 rounds gave 0.966-1.006, 100 rounds 0.736-1.665
+//     (every chunk starts a server goroutine and its sockets, and the Go
+//     scheduler's placement of the two ends then dominates); an echo kept
+//     across rounds gave 0.896-1.065 and 0.982-1.112. Use LocalRounds.
 func AlternateWith(rounds, n int, ours func(k int) error, base func(k int) (Latencies, error)) (Latencies, error) {
 	if rounds < 1 || n < rounds {
 		return nil, fmt.Errorf("baseline: Alternate: %d operations in %d rounds", n, rounds)

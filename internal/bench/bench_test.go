@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,11 +70,11 @@ func TestAlternateWarmsUpEachChunk(t *testing.T) {
 	var trace []int // per chunk: operations of ours, then -k for a baseline chunk of k
 	ops := 0
 	op := func() error { ops++; return nil }
-	base := func(k int) (baseline.Latencies, error) {
+	base := &latBase{measure: func(k int) (baseline.Latencies, error) {
 		trace = append(trace, ops, -k)
 		ops = 0
 		return make(baseline.Latencies, k), nil
-	}
+	}, rounds: baseline.RemoteRounds}
 	lat, bl, err := alternate(n, op, base, func(int, time.Time) {})
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +82,7 @@ func TestAlternateWarmsUpEachChunk(t *testing.T) {
 	if len(lat) != n || len(bl) != n {
 		t.Fatalf("%d latencies of ours and %d of the baseline, want %d each", len(lat), len(bl), n)
 	}
-	rounds := baseline.Rounds(n)
+	rounds := baseline.RemoteRounds(n)
 	if len(trace) != 2*rounds {
 		t.Fatalf("%d chunks, want %d", len(trace)/2, rounds)
 	}
@@ -100,5 +102,33 @@ func TestAlternateWarmsUpEachChunk(t *testing.T) {
 	}
 	if _, _, err := alternate(n, failing, base, func(int, time.Time) {}); !errors.Is(err, boom) {
 		t.Fatalf("a failing warm-up operation: %v", err)
+	}
+}
+
+// TestLatBaselineRounds checks that each kind of latency baseline
+// alternates in the rounds its A/A tests chose (baseline.AlternateWith):
+// 10 for the in-process ping-pong, chunks of baseline.ChunkOps for a
+// server in another process.
+func TestLatBaselineRounds(t *testing.T) {
+	floor := filepath.Join(t.TempDir(), "floor")
+	if err := os.WriteFile(floor, make([]byte, 8), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const n = 100 * baseline.ChunkOps
+	for _, c := range []struct {
+		o    Opts
+		want int
+	}{
+		{Opts{Baseline: true}, 10},
+		{Opts{Baseline: true, BaselineEcho: "127.0.0.1:9"}, 100},
+		{Opts{Baseline: true, BaselineFloor: floor}, 100},
+	} {
+		b, err := c.o.latBaseline(8)
+		if err != nil || b == nil {
+			t.Fatalf("%+v: %v, %v", c.o, b, err)
+		}
+		if got := b.rounds(n); got != c.want {
+			t.Errorf("%+v (%s): %d rounds for %d operations, want %d", c.o, b.name, got, n, c.want)
+		}
 	}
 }

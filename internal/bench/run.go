@@ -81,7 +81,7 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 					return nil, fmt.Errorf("%s of %d bytes: %w", o.Test, size, err)
 				}
 			}
-			base, baseName, err := o.latBaseline(size)
+			base, err := o.latBaseline(size)
 			if err != nil {
 				return nil, err
 			}
@@ -91,7 +91,7 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 			} else {
 				lat, err = timeLoop(n, deadline, op, func(k int, start time.Time) { p.update(frac(k, n, start)) })
 				if err == nil && base != nil { // -D: the baseline after ours
-					bl, err = base(min(max(len(lat), 200), 5000))
+					bl, err = base.measure(min(max(len(lat), 200), 5000))
 				}
 			}
 			if err != nil {
@@ -101,7 +101,7 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 			r.AddLat(LatTitle(o.Test), row)
 			if base != nil {
 				bs := bl.Summary()
-				r.Baselines = append(r.Baselines, BaseRow{Bytes: size, Name: baseName, Unit: "usec",
+				r.Baselines = append(r.Baselines, BaseRow{Bytes: size, Name: base.name, Unit: "usec",
 					Krfs: row.TypicalUs, Baseline: us(bs.Typical), Ratio: ratio(row.TypicalUs, us(bs.Typical))})
 			}
 		case o.IsBW():
@@ -179,29 +179,42 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 	return r, nil
 }
 
-// latBaseline is the baseline of a latency test of size bytes: a
-// function that measures k of its operations, and its name; nil when o
+// latBase is a latency test's baseline.
+type latBase struct {
+	measure func(k int) (baseline.Latencies, error) // times k of its operations
+	name    string
+	// rounds is how many rounds to alternate n operations of each side
+	// in: baseline.RemoteRounds for a server in another process,
+	// baseline.LocalRounds for the ping-pong with its echo in this one.
+	rounds func(n int) int
+}
+
+// latBaseline is the baseline of a latency test of size bytes; nil when o
 // asks for none or none fits size.
-func (o *Opts) latBaseline(size int) (func(k int) (baseline.Latencies, error), string, error) {
+func (o *Opts) latBaseline(size int) (*latBase, error) {
 	switch {
 	case !o.Baseline:
-		return nil, "", nil
+		return nil, nil
 	case o.BaselineFloor != "":
 		path := o.BaselineFloor
 		var st unix.Stat_t
 		if err := unix.Stat(path, &st); err != nil {
-			return nil, "", fmt.Errorf("--baseline-floor %s: %w", path, err)
+			return nil, fmt.Errorf("--baseline-floor %s: %w", path, err)
 		}
 		if int64(size) > st.Size {
-			return nil, "", nil
+			return nil, nil
 		}
-		return func(k int) (baseline.Latencies, error) { return baseline.PreadLatency(path, k, size) }, "floor pread p50", nil
+		return &latBase{
+			measure: func(k int) (baseline.Latencies, error) { return baseline.PreadLatency(path, k, size) },
+			name:    "floor pread p50",
+			rounds:  baseline.RemoteRounds,
+		}, nil
 	case size > baseline.MaxUDPSize:
-		return nil, "", nil
+		return nil, nil
 	case o.BaselineEcho != "":
 		echo, err := netip.ParseAddrPort(o.BaselineEcho)
 		if err != nil {
-			return nil, "", fmt.Errorf("--baseline-echo %q: %w", o.BaselineEcho, err)
+			return nil, fmt.Errorf("--baseline-echo %q: %w", o.BaselineEcho, err)
 		}
 		// The unspecified address: the kernel picks the source on the
 		// route to the echo, as it does for the peer.
@@ -209,9 +222,17 @@ func (o *Opts) latBaseline(size int) (func(k int) (baseline.Latencies, error), s
 		if echo.Addr().Is6() {
 			h.Addr = netip.IPv6Unspecified()
 		}
-		return func(k int) (baseline.Latencies, error) { return h.UDPPingPongTo(echo, k, size) }, "udp_pingpong p50 (echo " + o.BaselineEcho + ")", nil
+		return &latBase{
+			measure: func(k int) (baseline.Latencies, error) { return h.UDPPingPongTo(echo, k, size) },
+			name:    "udp_pingpong p50 (echo " + o.BaselineEcho + ")",
+			rounds:  baseline.RemoteRounds,
+		}, nil
 	}
-	return func(k int) (baseline.Latencies, error) { return baseline.UDPPingPong(k, size) }, "udp_pingpong p50", nil
+	return &latBase{
+		measure: func(k int) (baseline.Latencies, error) { return baseline.UDPPingPong(k, size) },
+		name:    "udp_pingpong p50",
+		rounds:  baseline.LocalRounds,
+	}, nil
 }
 
 // LatTitle is the title of the latency table of test.
@@ -233,15 +254,13 @@ func ratio(a, b float64) float64 {
 	return math.Round(a/b*1000) / 1000
 }
 
-// timeLoop times n calls of op (or calls until the deadline), reporting
-// progress every 64 calls.
 // alternate times n operations op and n of the baseline base in
-// alternating chunks (baseline.AlternateWith, baseline.Rounds). Each
+// alternating chunks (baseline.AlternateWith, in base.rounds(n) rounds). Each
 // chunk of op starts with baseline.Warmup untimed operations, as each of
 // the baseline's does, so that neither side alone pays for the switch.
 // prog reports progress (k of n operations done).
-func alternate(n int, op func() error, base func(k int) (baseline.Latencies, error), prog func(k int, start time.Time)) (lat, bl baseline.Latencies, err error) {
-	bl, err = baseline.AlternateWith(baseline.Rounds(n), n, func(k int) error {
+func alternate(n int, op func() error, base *latBase, prog func(k int, start time.Time)) (lat, bl baseline.Latencies, err error) {
+	bl, err = baseline.AlternateWith(base.rounds(n), n, func(k int) error {
 		for range baseline.Warmup {
 			if err := op(); err != nil {
 				return err
@@ -251,9 +270,12 @@ func alternate(n int, op func() error, base func(k int) (baseline.Latencies, err
 		l, err := timeLoop(k, nil, op, func(j int, start time.Time) { prog(done+j, start) })
 		lat = append(lat, l...)
 		return err
-	}, base)
+	}, base.measure)
 	return lat, bl, err
 }
+
+// timeLoop times n calls of op (or calls until the deadline), reporting
+// progress every 64 calls.
 
 func timeLoop(n int, deadline func() time.Time, op func() error, prog func(k int, start time.Time)) (baseline.Latencies, error) {
 	var end time.Time

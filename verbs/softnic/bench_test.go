@@ -67,7 +67,7 @@ func BenchmarkReadLatency8B(b *testing.B) {
 	// The ping-pong runs in chunks between chunks of READs (see
 	// baseline.Alternate), each after a warm-up; b's timer counts only the
 	// timed READs.
-	base, err := baseline.Alternate(baseline.Rounds(b.N), b.N, 8, func(k int) error {
+	base, err := baseline.Alternate(baseline.LocalRounds(b.N), b.N, 8, func(k int) error {
 		for range baseline.Warmup {
 			if err := qa.PostSend(wr); err != nil {
 				return err
