@@ -268,12 +268,13 @@ func TestAlternateWithInterleaves(t *testing.T) {
 	}
 }
 
-// TestRounds checks the chunking AlternateWith's callers use: with a
-// remote server, chunks of ChunkOps operations and at least 10 rounds;
-// with the in-process echo, 10 rounds; never more rounds than operations.
+// TestRounds checks the chunking AlternateWith's callers use: chunks of
+// ChunkOps operations with a remote server, of LocalChunkOps with the
+// in-process echo, at least 10 rounds, never more rounds than operations.
 func TestRounds(t *testing.T) {
 	for _, c := range []struct{ n, remote, local int }{
-		{1, 1, 1}, {5, 5, 5}, {10, 10, 10}, {300, 10, 10}, {2000, 10, 10}, {2200, 11, 10}, {20000, 100, 10}, {100000, 500, 10},
+		{1, 1, 1}, {5, 5, 5}, {10, 10, 10}, {300, 10, 10}, {2000, 10, 10}, {2200, 11, 10},
+		{20000, 100, 10}, {22000, 110, 11}, {100000, 500, 50},
 	} {
 		if got := RemoteRounds(c.n); got != c.remote {
 			t.Errorf("RemoteRounds(%d) = %d, want %d", c.n, got, c.remote)

@@ -107,10 +107,15 @@ const ChunkOps = 200
 // at least 10 rounds (or n, if fewer).
 func RemoteRounds(n int) int { return max(min(10, n), n/ChunkOps) }
 
+// LocalChunkOps is about how many operations of each side one round of
+// Alternate measures when LocalRounds picks the rounds.
+const LocalChunkOps = 2000
+
 // LocalRounds is how many rounds Alternate should alternate n operations
 // of each side in, with the ping-pong's echo in this process and started
-// anew for every chunk: 10 (or n, if fewer).
-func LocalRounds(n int) int { return min(10, n) }
+// anew for every chunk: chunks of about LocalChunkOps operations, and at
+// least 10 rounds (or n, if fewer).
+func LocalRounds(n int) int { return max(min(10, n), n/LocalChunkOps) }
 
 // AlternateWith measures the thing under test and a baseline in
 // alternating chunks: ours(k) runs k operations of the thing under test,
@@ -135,10 +140,13 @@ func LocalRounds(n int) int { return min(10, n) }
 //     lasts for seconds; 100,000 round trips each in 500 rounds gave
 //     0.986-1.079. Use RemoteRounds and many operations.
 //   - On loopback with the echo in this process, started for every chunk
-//     (Alternate): 10 rounds gave 0.966-1.006, 100 rounds 0.736-1.665
-//     (every chunk starts a server goroutine and its sockets, and the Go
-//     scheduler's placement of the two ends then dominates); an echo kept
-//     across rounds gave 0.896-1.065 and 0.982-1.112. Use LocalRounds.
+//     (Alternate), 20,000 round trips each: 10 rounds gave 0.966-1.006,
+//     100 rounds 0.736-1.665 (every chunk starts a server goroutine and
+//     its sockets, and the Go scheduler's placement of the two ends then
+//     dominates); an echo kept across rounds gave 0.896-1.065 and
+//     0.982-1.112. In a noisier quarter hour, 10 rounds of 2,000 gave
+//     0.823-1.317 and 50 rounds of 2,000 (100,000 each) 0.901-1.052. Use
+//     LocalRounds and many operations.
 func AlternateWith(rounds, n int, ours func(k int) error, base func(k int) (Latencies, error)) (Latencies, error) {
 	if rounds < 1 || n < rounds {
 		return nil, fmt.Errorf("baseline: Alternate: %d operations in %d rounds", n, rounds)

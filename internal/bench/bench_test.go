@@ -107,8 +107,8 @@ func TestAlternateWarmsUpEachChunk(t *testing.T) {
 
 // TestLatBaselineRounds checks that each kind of latency baseline
 // alternates in the rounds its A/A tests chose (baseline.AlternateWith):
-// 10 for the in-process ping-pong, chunks of baseline.ChunkOps for a
-// server in another process.
+// chunks of baseline.LocalChunkOps for the in-process ping-pong, of
+// baseline.ChunkOps for a server in another process.
 func TestLatBaselineRounds(t *testing.T) {
 	floor := filepath.Join(t.TempDir(), "floor")
 	if err := os.WriteFile(floor, make([]byte, 8), 0o600); err != nil {
@@ -119,7 +119,7 @@ func TestLatBaselineRounds(t *testing.T) {
 		o    Opts
 		want int
 	}{
-		{Opts{Baseline: true}, 10},
+		{Opts{Baseline: true}, max(10, n/baseline.LocalChunkOps)},
 		{Opts{Baseline: true, BaselineEcho: "127.0.0.1:9"}, 100},
 		{Opts{Baseline: true, BaselineFloor: floor}, 100},
 	} {
