@@ -255,9 +255,9 @@ func ratio(a, b float64) float64 {
 }
 
 // alternate times n operations op and n of the baseline base in
-// alternating chunks (baseline.AlternateWith, in base.rounds(n) rounds). Each
-// chunk of op starts with baseline.Warmup untimed operations, as each of
-// the baseline's does, so that neither side alone pays for the switch.
+// alternating chunks (baseline.AlternateWith, base.rounds(n) rounds).
+// Each chunk of op starts with baseline.Warmup untimed operations, as each
+// of the baseline's does, so that neither side alone pays for the switch.
 // prog reports progress (k of n operations done).
 func alternate(n int, op func() error, base *latBase, prog func(k int, start time.Time)) (lat, bl baseline.Latencies, err error) {
 	bl, err = baseline.AlternateWith(base.rounds(n), n, func(k int) error {
@@ -276,7 +276,6 @@ func alternate(n int, op func() error, base *latBase, prog func(k int, start tim
 
 // timeLoop times n calls of op (or calls until the deadline), reporting
 // progress every 64 calls.
-
 func timeLoop(n int, deadline func() time.Time, op func() error, prog func(k int, start time.Time)) (baseline.Latencies, error) {
 	var end time.Time
 	if deadline != nil {
