@@ -169,7 +169,11 @@
 // # Sending
 //
 // Send turns a slice of packets into messages for one sendmmsg system call
-// (repeated until every message is out). With GSO, consecutive packets to
+// (repeated until every message is out); a lone message goes with sendto
+// when it is one buffer (a header alone: a READ request, an ACK), else with
+// sendmsg, so that the kernel copies in no mmsghdr vector (and for sendto
+// no msghdr or iovec either): the synchronous path sends one message per
+// call on each side. With GSO, consecutive packets to
 // the same destination where every packet has the length of the first
 // except possibly a shorter last one — at most 64 packets and 65507 bytes —
 // become a single message with a UDP_SEGMENT control message; the kernel
@@ -226,7 +230,7 @@
 // sender blocked on a full socket buffer holds up nobody. A
 // sync.RWMutex, read-held for the length of each Send, guards the file
 // descriptor against Close, so a closed descriptor number can never be
-// reused under a running sendmmsg.
+// reused under a running send.
 //
 // # Closing
 //

@@ -193,11 +193,9 @@ func (l *Link) flush(st *txState, pkts []link.Packet, nm int) error {
 		// loopback the kernel may run the woken receiver inside it, and a
 		// raw call would keep this thread's P meanwhile (it serialized
 		// concurrent callers; see docs/architecture.md).
-		r1, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(l.fd),
-			uintptr(unsafe.Pointer(&st.msgs[start])), uintptr(nm-start), 0, 0, 0)
+		sent, e := l.sendMsgs(st.msgs[start:nm])
 		l.c.txSyscalls.Add(1)
 		if e == 0 {
-			sent := int(r1)
 			if sent <= 0 {
 				break // not possible for nm-start > 0; never spin
 			}
@@ -231,6 +229,36 @@ func (l *Link) flush(st *txState, pkts []link.Packet, nm int) error {
 	runtime.KeepAlive(st)
 	runtime.KeepAlive(pkts)
 	return firstErr
+}
+
+// sendMsgs sends msgs (at least one) in one system call and returns how
+// many went out, setting each one's Len like sendmmsg. A lone message
+// goes with sendto when it is one buffer without control data (a READ
+// request, an ACK: the header alone), else with sendmsg: the kernel then
+// copies no mmsghdr vector, and sendto no msghdr or iovec either. The
+// synchronous path sends one message per call on each side.
+func (l *Link) sendMsgs(msgs []unix.Mmsghdr) (int, unix.Errno) {
+	if len(msgs) > 1 {
+		r1, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(l.fd),
+			uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), 0, 0, 0)
+		return int(r1), e
+	}
+	m := &msgs[0]
+	h := &m.Hdr
+	var r1 uintptr
+	var e unix.Errno
+	if h.Iovlen == 1 && h.Controllen == 0 {
+		r1, _, e = unix.Syscall6(unix.SYS_SENDTO, uintptr(l.fd),
+			uintptr(unsafe.Pointer(h.Iov.Base)), uintptr(h.Iov.Len), 0,
+			uintptr(unsafe.Pointer(h.Name)), uintptr(h.Namelen))
+	} else {
+		r1, _, e = unix.Syscall(unix.SYS_SENDMSG, uintptr(l.fd), uintptr(unsafe.Pointer(h)), 0)
+	}
+	if e != 0 {
+		return 0, e
+	}
+	m.Len = uint32(r1)
+	return 1, 0
 }
 
 // failed counts n packets the kernel refused with e and returns the error

@@ -848,3 +848,64 @@ func BenchmarkBaselineRawBulk1MiB(b *testing.B) {
 		}
 	}
 }
+
+// TestSendShapes sends a lone header (sendto), a lone header with payload
+// (sendmsg) and a batch of three (sendmmsg): one system call each, every
+// byte delivered and counted; and a lone header too large for a datagram
+// fails loudly on the sendto path.
+func TestSendShapes(t *testing.T) {
+	checkGoroutines(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	a, b := openLink(t, DefaultConfig(loopback)), openLink(t, DefaultConfig(loopback))
+	cb := newCollector(8, 2048, false) // nothing in place: the records hold every byte
+	b.Start(cb)
+	to := b.LocalAddr()
+	pkt := func(psn uint32, payload int) link.Packet {
+		p := link.Packet{To: to, Hdr: hdr(wire.OpSend, wire.FlagFirst|wire.FlagLast, psn)}
+		if payload > 0 {
+			p.Payload = randBytes(rng, payload)
+		}
+		return p
+	}
+	sends := [][]link.Packet{
+		{pkt(0, 0)},
+		{pkt(1, 100)},
+		{pkt(2, 10), pkt(3, 20), pkt(4, 30)}, // different lengths: no GSO run
+	}
+	var all []link.Packet
+	var bytes uint64
+	for i, pkts := range sends {
+		before := a.Stats()
+		if err := a.Send(pkts); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		var n uint64
+		for _, p := range pkts {
+			n += uint64(p.Len())
+		}
+		after := a.Stats()
+		if d := after.TxSyscalls - before.TxSyscalls; d != 1 {
+			t.Errorf("send %d (%d packets): %d system calls, want 1", i, len(pkts), d)
+		}
+		if d := after.TxDatagrams - before.TxDatagrams; d != uint64(len(pkts)) {
+			t.Errorf("send %d: %d datagrams counted, want %d", i, d, len(pkts))
+		}
+		if d := after.TxBytes - before.TxBytes; d != n {
+			t.Errorf("send %d: %d bytes counted, want %d", i, d, n)
+		}
+		all = append(all, pkts...)
+		bytes += n
+	}
+	checkRecords(t, cb.wait(t, len(all)), all, a.LocalAddr(), false)
+	if s := b.Stats(); s.RxBytes != bytes {
+		t.Errorf("received %d bytes, want %d", s.RxBytes, bytes)
+	}
+
+	huge := []link.Packet{{To: to, Hdr: make([]byte, a.MaxDatagram()+1)}}
+	if err := a.Send(huge); !errors.Is(err, unix.EMSGSIZE) {
+		t.Errorf("a lone header over the datagram limit: %v, want EMSGSIZE", err)
+	}
+	if s := a.Counters(); s.TxErrors != 1 || s.TooBig != 1 {
+		t.Errorf("after EMSGSIZE: TxErrors %d, TooBig %d, want 1 and 1", s.TxErrors, s.TooBig)
+	}
+}
