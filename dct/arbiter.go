@@ -126,6 +126,9 @@ func (a *Arbiter[E]) Release(i int) (next E, handed bool) {
 
 // Cancel removes e from the wait queue (it no longer has work).
 func (a *Arbiter[E]) Cancel(e E) {
+	if len(a.waiters) == 0 {
+		return // the common case: a map lookup per kick otherwise
+	}
 	if _, ok := a.waiting[e]; !ok {
 		return
 	}
