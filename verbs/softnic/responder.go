@@ -68,12 +68,13 @@ const (
 
 // dctContext finds or creates the context of the DCI behind a request,
 // applying DC session rules. It returns nil when the packet is stale or
-// the table is full (then rnr is set).
+// the table is full (then rnr is set). It runs on the receive path (rxMu
+// held), so the idle clock is the batch's reading (rxClock).
 func (q *qp) dctContext(from netip.AddrPort, h *wire.Header, create bool) (c *respCtx, rnr bool) {
 	key := dcInitiator{from, h.SrcQP}
 	sess := wire.PSN(h.SessionPSN)
 	c = q.dcts[key]
-	now := q.dev.clock.Now()
+	now := q.dev.rxClock()
 	if c != nil {
 		switch {
 		case c.session == sess:
