@@ -852,11 +852,29 @@ func BenchmarkBaselineRawBulk1MiB(b *testing.B) {
 // TestSendShapes sends a lone header (sendto), a lone header with payload
 // (sendmsg) and a batch of three (sendmmsg): one system call each, every
 // byte delivered and counted; and a lone header too large for a datagram
-// fails loudly on the sendto path.
+// fails loudly on the sendto path. Over IPv4 and, where the host has it,
+// IPv6 loopback (the socket address differs in size).
 func TestSendShapes(t *testing.T) {
 	checkGoroutines(t)
+	for _, addr := range []string{loopback, "[::1]:0"} {
+		t.Run(addr, func(t *testing.T) {
+			a, err := Open(DefaultConfig(addr))
+			if err != nil && addr != loopback && errors.Is(err, unix.EADDRNOTAVAIL) {
+				t.Skipf("no IPv6 loopback here: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+			b := openLink(t, DefaultConfig(addr))
+			checkSendShapes(t, a, b)
+		})
+	}
+}
+
+func checkSendShapes(t *testing.T, a, b *Link) {
+	t.Helper()
 	rng := rand.New(rand.NewPCG(7, 8))
-	a, b := openLink(t, DefaultConfig(loopback)), openLink(t, DefaultConfig(loopback))
 	cb := newCollector(8, 2048, false) // nothing in place: the records hold every byte
 	b.Start(cb)
 	to := b.LocalAddr()
