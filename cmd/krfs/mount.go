@@ -266,6 +266,12 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 		be = node.Metered(n, ops)
 	}
 
+	// Catch signals before mounting: killed while go-fuse's WaitMount polls
+	// a file of the mount itself, the daemon would hang in that request for
+	// good (docs/operations.md); a stop request unmounts instead.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm, MaxRegionSize: f.limits.maxRegionSize,
 		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts})
 	if err != nil {
@@ -274,10 +280,6 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	}
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
 		"meta": n.MetaDesc()}).Info("krfs mounted; serving in the foreground until unmounted or interrupted")
-	// Catch signals before telling anyone the mount is up: a stop request
-	// right after READY=1 must unmount, not kill the daemon.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	notifyReady()
 	if ready != nil {
 		ready.done(nil)
