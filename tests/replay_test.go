@@ -16,14 +16,26 @@ import (
 // sniffUDP runs in a member's namespace: it captures, with an AF_PACKET
 // socket on eth0, every IPv4 UDP datagram that the namespace's own
 // address (argv[2]) sends or receives and appends it to argv[1] as
-// "src-ip src-port dst-ip dst-port hex-payload" lines, until killed.
+// "src-ip src-port dst-ip dst-port hex-payload" lines. On SIGTERM it
+// writes what the socket already holds before it exits: a datagram sent
+// just before the test stops it is in the socket's queue (the packet tap
+// runs in the sender's context) but may not have been read yet on a busy
+// machine (the FETCH_ADD went missing once under two CPU-bound loops).
 const sniffUDP = `
-import socket, struct, sys, binascii
+import socket, struct, sys, binascii, signal
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
 s.bind(('eth0', 0))
+s.settimeout(0.05)
+stopping = []
+signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
 out = open(sys.argv[1], 'w', buffering=1)  # created once capturing
 while True:
-    f, addr = s.recvfrom(70000)
+    try:
+        f, addr = s.recvfrom(70000)
+    except socket.timeout:
+        if stopping:
+            break  # the queue is empty
+        continue
     if len(f) < 14 + 28 or f[12:14] != b'\x08\x00':
         continue
     ip = f[14:]
@@ -33,6 +45,7 @@ while True:
     sport, dport, ulen = struct.unpack('!HHH', ip[ihl:ihl+6])
     out.write('%s %d %s %d %s\n' % (socket.inet_ntoa(ip[12:16]), sport, socket.inet_ntoa(ip[16:20]), dport,
                                      binascii.hexlify(ip[ihl+8:ihl+ulen]).decode()))
+out.close()
 `
 
 // replayUDP runs in the non-member namespace: it sends every captured
