@@ -257,6 +257,7 @@ var (
 	mNICRxErrs  = desc("nic_rx_errors_total", "Receive calls that failed.", counter)
 	mNICRetx    = desc("nic_retransmits_total", "Packets the NIC sent again.", counter)
 	mNICMisplc  = desc("nic_misplaced_total", "Payload segments copied because receive steering guessed wrong.", counter)
+	mNICWCopy   = desc("nic_write_copied_bytes_total", "WRITE payload bytes the software NIC copied into their target after checking the header.", counter)
 	mNICQPs     = desc("nic_qps", "QPs on the NIC, by type and state.", gauge, "type", "state")
 	mNICMRs     = desc("nic_mrs", "Memory regions registered on the NIC.", gauge)
 	mNICMRBytes = desc("nic_mr_bytes", "Bytes of memory registered on the NIC.", gauge)
@@ -383,6 +384,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(mNICDrops, u(d.BadVersion), "bad_version")
 	emit(mNICRetx, u(d.Retransmits))
 	emit(mNICMisplc, u(d.Misplaced))
+	emit(mNICWCopy, u(d.WriteCopied))
 	emit(mNICMRs, float64(d.MRs))
 	emit(mNICMRBytes, u(d.MRBytes))
 

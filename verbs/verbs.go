@@ -462,6 +462,7 @@ type DeviceStats struct {
 	DCKeyRejects         uint64
 	Retransmits          uint64
 	Misplaced            uint64 // payload copies the NIC made because a segment landed where steering or prediction did not expect (a mispredicted one may be copied twice)
+	WriteCopied          uint64 // WRITE payload bytes a software NIC copied into their target after checking the packet's header (it cannot see a header before the kernel places the bytes); 0 on hardware
 	BadMAC               uint64 // packets dropped for a missing or wrong cluster-key MAC
 	QPs, MRs             int
 	MRBytes              uint64

@@ -69,13 +69,11 @@ type Device struct {
 	rxWant     atomic.Int32                     // lockRx callers waiting for rxMu; Predict declines while > 0
 	predictQP  atomic.Pointer[qp]               // the QP that last posted a READ: Predict looks there first
 	sendQueued atomic.Int64                     // WRs in every QP's send queue (posted, not completed): Quiet
-	predictWQP atomic.Pointer[qp]               // the QP that last began a multi-packet WRITE as responder
 	rxIntr     atomic.Pointer[link.Interrupter] // the link's, from the first Predict; nil until then
 	rxOut      outbox                           // responses built by the receive path; guarded by rxMu
 	rxGen      uint64                           // rxOut generation, bumped at each flush; guarded by rxMu
 	rxOutMem   bool                             // rxOut holds READ responses that reference MR memory; guarded by rxMu
 	steerHdr   wire.Header                      // first header of the batch being steered; guarded by rxMu
-	steerLen   int                              // payload length of the batch's first packet; guarded by rxMu
 	steerOK    bool
 	steered    []steeredRange // memory handed out by Steer in this batch; guarded by rxMu
 	delivered  int            // index of the packet being delivered; guarded by rxMu
@@ -116,6 +114,7 @@ type Device struct {
 		dcKeyRejects         atomic.Uint64
 		retransmits          atomic.Uint64
 		misplaced            atomic.Uint64
+		writeCopied          atomic.Uint64
 		badMAC               atomic.Uint64
 		badVersion           atomic.Uint64 // also in malformed
 	}
@@ -296,6 +295,7 @@ func (d *Device) Stats() verbs.DeviceStats {
 	s.DCKeyRejects = d.stats.dcKeyRejects.Load()
 	s.Retransmits = d.stats.retransmits.Load()
 	s.Misplaced = d.stats.misplaced.Load() + ls.RxCopies
+	s.WriteCopied = d.stats.writeCopied.Load()
 	s.BadMAC = d.stats.badMAC.Load()
 	if a := d.AuthStats(); d.auth != nil {
 		s.BadMAC += a.BadTag + a.NoSession + a.WrongSource + a.Replayed + a.StaleInit
@@ -368,9 +368,11 @@ func (d *Device) lockRx() {
 }
 
 // Predict implements link.Predictor: the next response packets of the
-// oldest READ in progress on the QP that last posted a READ, else the
-// next packets of the WRITE message in progress on the QP that last
-// began one. Nothing is
+// oldest READ in progress on the QP that last posted a READ, if that
+// READ's destination is private (see mr.private). Nothing else is
+// predicted: a WRITE's payload lands in memory peers and local programs
+// see, so it is received into the link's scratch and copied into place
+// once its header was checked (DeviceStats.WriteCopied). Nothing is
 // predicted with a cluster key (payloads are verified before they land)
 // or while another goroutine waits for rxMu.
 //
@@ -395,12 +397,6 @@ func (d *Device) Predict(p []link.Prediction, in link.Interrupter, queued bool) 
 	if q := d.predictQP.Load(); q != nil && lockToPredict(q, queued) {
 		if !q.dead && q.state == verbs.StateRTS {
 			n = q.req.predict(p)
-		}
-		q.mu.Unlock()
-	}
-	if q := d.predictWQP.Load(); n == 0 && q != nil && lockToPredict(q, queued) {
-		if !q.dead {
-			n = q.predictWrite(p)
 		}
 		q.mu.Unlock()
 	}
@@ -540,12 +536,14 @@ func (d *Device) beforeMemWrite(out *outbox) {
 	}
 }
 
-// Steer implements link.Receiver: READ responses land in the READ's local
-// buffer and WRITE payloads in the target MR, at their offsets.
+// Steer implements link.Receiver: a READ response lands in the READ's
+// local buffer at its offset when that buffer is private. Nothing else is
+// steered: a WRITE's payload is copied into its target after its header
+// was checked (see Predict).
 func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []byte {
 	if index == 0 {
 		h, _, err := wire.Parse(hdr)
-		d.steerHdr, d.steerLen, d.steerOK = h, plen, err == nil
+		d.steerHdr, d.steerOK = h, err == nil
 	}
 	if !d.steerOK || plen == 0 || d.auth != nil {
 		// With a cluster key nothing lands in memory before its MAC is
@@ -558,14 +556,11 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 		return nil
 	}
 	var dst []byte
-	q.mu.Lock()
-	switch h.Op {
-	case wire.OpReadResp:
+	if h.Op == wire.OpReadResp {
+		q.mu.Lock()
 		dst = q.req.steer(from, h, index, plen)
-	case wire.OpWrite:
-		dst = q.steerWrite(from, h, index, plen, d.steerLen)
+		q.mu.Unlock()
 	}
-	q.mu.Unlock()
 	if len(dst) > 0 {
 		d.steered = append(d.steered, steeredRange{index, uintptr(unsafe.Pointer(&dst[0])), len(dst)})
 	}

@@ -76,13 +76,24 @@
 //
 // Payloads are sent straight from registered memory (the link gathers
 // header and payload slices into one sendmmsg, in GSO runs). On receive,
-// the link first learns a packet's header and asks Steer where its payload
-// goes: a READ response's payload lands directly in the READ's local
-// buffer and a WRITE's payload in the target MR, by the kernel's own
-// socket copy. Steering predictions for packets coalesced by GRO can be
-// wrong; the engine then copies (counted in DeviceStats.Misplaced) or drops
-// the packet for retransmission — it never lets a wrong prediction corrupt
-// accepted data. SEND payloads are copied into the receive buffer.
+// a READ response's payload lands directly in the READ's local buffer, by
+// the kernel's own socket copy, when that buffer is private: no MR with
+// remote access covers it, so nobody but the READ's owner can look at it
+// before the READ completes. The link places a datagram before anyone has
+// seen its header, on a prediction (link.Predictor); a wrong one leaves
+// that datagram's bytes in the predicted memory until the READ's own
+// response replaces them, and the engine copies the mispredicted payload
+// where it belongs (counted in DeviceStats.Misplaced).
+//
+// Everything else is received into the link's scratch buffer and copied
+// after its header was checked: a WRITE's payload into the target MR
+// (counted in DeviceStats.WriteCopied), a SEND's into the receive buffer.
+// A WRITE's target is memory peers READ and local programs map; a real
+// NIC never puts one packet's bytes where another's belong, and a
+// software NIC that cannot see a header before the kernel places the
+// bytes can only promise the same by checking first. The copy runs at
+// memory speed (tens of GB/s) against a network's few, and an aborted
+// WRITE leaves only bytes of that WRITE.
 //
 // # Threads and locks
 //
@@ -92,11 +103,10 @@
 // directly. Each QP has a mutex; the device's rxMu orders the receive path
 // against MR deregistration, QP destruction and error flushes (lock order
 // rxMu, qp.mu, then cq/srq/device mutexes). The device predicts where the
-// next payloads belong (link.Predictor: the oldest READ in progress, else
-// the WRITE message in progress), and the link may then hold rxMu while
+// next payloads belong (link.Predictor: the oldest READ in progress into
+// private memory), and the link may then hold rxMu while
 // blocked receiving into that memory; everything else takes rxMu with
 // lockRx, which makes Predict decline and interrupts the blocked receive.
-// WRITE payloads the engine copies are counted in Misplaced too.
 // Completions the receive path
 // produces are delivered after the packets it queued have been sent, so
 // the application owns a WR's memory again only when the NIC is done with

@@ -3,6 +3,7 @@ package softnic
 import (
 	"fmt"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/krfs/krfs/verbs"
 )
@@ -19,14 +20,24 @@ func (p *pd) Device() verbs.Device { return p.dev }
 
 // mr is a registered memory region. buf, access, keys and pd never change;
 // dead flips once on deregistration.
+//
+// private says that no peer can reach the MR's memory: the MR has no
+// remote access and no live MR of the device with remote access overlaps
+// it. Only private memory may receive a predicted payload (a READ
+// response steered into place), because a mis-predicted datagram leaves
+// its bytes there until the right packet replaces them, and no one may
+// see them meanwhile. It starts true for a local-only MR and is cleared,
+// for good, when a remotely accessible MR over the same bytes is
+// registered.
 type mr struct {
-	dev    *Device
-	pd     *pd
-	buf    []byte
-	access verbs.Access
-	lkey   uint32
-	rkey   uint32
-	dead   atomic.Bool
+	dev     *Device
+	pd      *pd
+	buf     []byte
+	access  verbs.Access
+	lkey    uint32
+	rkey    uint32
+	dead    atomic.Bool
+	private atomic.Bool
 }
 
 var _ verbs.MR = (*mr)(nil)
@@ -73,7 +84,39 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	}
 	d.mrs[m.rkey] = m
 	d.mrBytes += uint64(len(buf))
+	d.markPrivateLocked(m)
 	return m, nil
+}
+
+// remoteAccess are the access flags that let a peer reach an MR.
+const remoteAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+
+// markPrivateLocked sets the private flag of a new MR m and clears it on
+// the MRs that m exposes. d.mu is held. It walks every MR, which
+// registration can afford: remotely accessible MRs are few and long-lived.
+func (d *Device) markPrivateLocked(m *mr) {
+	remote := m.access&remoteAccess != 0
+	private := !remote
+	for _, o := range d.mrs {
+		if o == m || o.dead.Load() || !overlaps(o.buf, m.buf) {
+			continue
+		}
+		if remote {
+			o.private.Store(false)
+		} else if o.access&remoteAccess != 0 {
+			private = false
+		}
+	}
+	m.private.Store(private)
+}
+
+// overlaps reports whether a and b share a byte.
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	alo, blo := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return alo < blo+uintptr(len(b)) && blo < alo+uintptr(len(a))
 }
 
 // Dereg unregisters the MR. It waits for a receive in progress that may be

@@ -52,7 +52,6 @@ type qp struct {
 
 	mu    sync.Mutex // guards everything below
 	state verbs.QPState
-	wpred *respCtx // the context whose WRITE message Predict continues (responder)
 	attr  verbs.QPAttr
 	req   requester
 	resp  *respCtx                 // RC responder context
@@ -429,7 +428,6 @@ func (q *qp) Destroy() error {
 	d.lockRx()
 	defer d.rxMu.Unlock()
 	d.predictQP.CompareAndSwap(q, nil)
-	d.predictWQP.CompareAndSwap(q, nil)
 	q.mu.Lock()
 	if q.dead {
 		q.mu.Unlock()

@@ -639,7 +639,10 @@ func (r *requester) fromPeer(from netip.AddrPort, h *wire.Header) bool {
 // predict fills p with the expected next READ response packets: those of
 // the oldest READ in progress, from the first one not yet received (a
 // datagram never mixes two READs' responses, whose last packets differ
-// in size).
+// in size). Only a READ into private memory (see mr.private) is
+// predicted: a wrong guess leaves another datagram's bytes in the
+// destination until the READ's own response replaces them, which only the
+// READ's owner could see, and only before the READ completes.
 func (r *requester) predict(p []link.Prediction) int {
 	hl := (&wire.Header{Op: wire.OpReadResp}).Len()
 	for i := 0; i < len(r.sq) && i <= r.tx; i++ {
@@ -650,8 +653,8 @@ func (r *requester) predict(p []link.Prediction) int {
 		if w.wr.Op != verbs.OpRead || w.done || w.rsp >= w.npkts {
 			continue
 		}
-		if w.mr == nil || w.mr.dead.Load() || w.mtu == 0 {
-			return 0
+		if w.mr == nil || w.mr.dead.Load() || !w.mr.private.Load() || w.mtu == 0 {
+			return 0 // only memory no peer can see may take a guess
 		}
 		n := 0
 		for k := w.rsp; k < w.npkts && n < len(p); k++ {
@@ -669,7 +672,8 @@ func (r *requester) predict(p []link.Prediction) int {
 }
 
 // steer returns where the READ response packet index of a received batch
-// should land, or nil. Only bytes not yet received are handed out.
+// should land, or nil. Only bytes not yet received, of private memory, are
+// handed out.
 func (r *requester) steer(from netip.AddrPort, h *wire.Header, index, plen int) []byte {
 	if h.Op != wire.OpReadResp || r.q.state != verbs.StateRTS || !r.fromPeer(from, h) {
 		return nil
@@ -680,7 +684,7 @@ func (r *requester) steer(from netip.AddrPort, h *wire.Header, index, plen int) 
 		return nil
 	}
 	w := r.sq[i]
-	if w.wr.Op != verbs.OpRead || w.done || psn.Less(w.first.Add(w.rsp)) || w.mr.dead.Load() {
+	if w.wr.Op != verbs.OpRead || w.done || psn.Less(w.first.Add(w.rsp)) || w.mr.dead.Load() || !w.mr.private.Load() {
 		return nil
 	}
 	off := uint64(psn.Sub(w.first)) * uint64(w.mtu)

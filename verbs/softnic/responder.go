@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/krfs/krfs/verbs"
-	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
@@ -41,7 +40,6 @@ type respCtx struct {
 	msgOp wire.Opcode
 	wmem  []byte // WRITE target, the whole message
 	woff  int
-	wseg  int     // payload bytes per packet of the WRITE in progress (its first packet's)
 	rcv   recvWQE // SEND receive buffer
 	roff  int
 
@@ -202,9 +200,6 @@ func (q *qp) onRequest(from netip.AddrPort, h *wire.Header, payload []byte, out 
 			q.nakErr(c, from, h, synFor(why), why, out)
 			return
 		}
-		if q.dev.clobbersLater(mem) {
-			return
-		}
 		q.dev.beforeMemWrite(out)
 		orig := q.dev.execAtomic(mem, h.Op, h.Swap, h.Cmp)
 		c.atomics[c.atomicN%atomicReplayLen] = atomicReplay{psn: psn, orig: orig, valid: true}
@@ -252,12 +247,7 @@ func (q *qp) execWrite(c *respCtx, from netip.AddrPort, h *wire.Header, payload 
 			q.nakErr(c, from, h, synFor(why), why, out)
 			return
 		}
-		c.inMsg, c.msgOp, c.wmem, c.woff, c.wseg = true, wire.OpWrite, mem, 0, len(payload)
-		if len(payload) < len(mem) {
-			// More packets follow: Predict places them.
-			q.wpred = c
-			q.dev.predictWQP.Store(q)
-		}
+		c.inMsg, c.msgOp, c.wmem, c.woff = true, wire.OpWrite, mem, 0
 	} else if !c.inMsg || c.msgOp != wire.OpWrite {
 		q.nakErr(c, from, h, wire.SynNAKInv, verbs.ReasonInvalidOp, out)
 		return
@@ -267,12 +257,6 @@ func (q *qp) execWrite(c *respCtx, from netip.AddrPort, h *wire.Header, payload 
 		q.nakErr(c, from, h, wire.SynNAKInv, verbs.ReasonBounds, out)
 		return
 	}
-	if dst := c.wmem[c.woff : c.woff+len(payload)]; !samePlace(dst, payload) && q.dev.clobbersLater(dst) {
-		if h.Flags&wire.FlagFirst != 0 {
-			c.inMsg, c.wmem = false, nil
-		}
-		return // dropped: the requester sends it again
-	}
 	var rcv recvWQE
 	if last && h.Flags&wire.FlagImm != 0 {
 		var ok bool
@@ -281,12 +265,14 @@ func (q *qp) execWrite(c *respCtx, from netip.AddrPort, h *wire.Header, payload 
 			return
 		}
 	}
-	if dst := c.wmem[c.woff : c.woff+len(payload)]; !samePlace(dst, payload) {
+	if dst := c.wmem[c.woff : c.woff+len(payload)]; len(dst) > 0 {
+		// The payload was received into the link's scratch: WRITE targets
+		// are never predicted (see Device.Predict). This copy, after the
+		// header was checked, is what keeps other packets' bytes out of
+		// memory peers and local programs see.
 		q.dev.beforeMemWrite(out)
 		copy(dst, payload)
-		if len(payload) > 0 {
-			q.dev.stats.misplaced.Add(1)
-		}
+		q.dev.stats.writeCopied.Add(uint64(len(dst)))
 	}
 	c.woff += len(payload)
 	c.ePSN = wire.PSN(h.PSN).Add(1)
@@ -500,70 +486,4 @@ func (d *Device) execAtomic(mem []byte, op wire.Opcode, swapAdd, cmp uint64) uin
 		*(*uint64)(p) = swapAdd
 	}
 	return old
-}
-
-// predictWrite fills p with the expected next packets of the WRITE
-// message in progress on q.wpred: middle packets of its first packet's
-// payload size, at the next offsets of the target.
-func (q *qp) predictWrite(p []link.Prediction) int {
-	c := q.wpred
-	if c == nil || !c.inMsg || c.msgOp != wire.OpWrite || c.wseg <= 0 {
-		return 0
-	}
-	h := wire.Header{Op: wire.OpWrite}
-	if q.typ == verbs.DCT {
-		h.Flags = wire.FlagDC
-	}
-	hl := h.Len()
-	n := 0
-	for off := c.woff; off < len(c.wmem) && n < len(p); off += c.wseg {
-		p[n] = link.Prediction{HdrLen: hl, Payload: c.wmem[off:min(off+c.wseg, len(c.wmem))]}
-		n++
-	}
-	return n
-}
-
-// steerWrite returns where a WRITE packet's payload should land: only for
-// the next expected PSN of a context with a validated message in progress
-// (or a validated first packet), so no accepted byte is ever overwritten.
-func (q *qp) steerWrite(from netip.AddrPort, h *wire.Header, index, plen, firstLen int) []byte {
-	var c *respCtx
-	switch q.typ {
-	case verbs.RC:
-		if (q.state != verbs.StateRTR && q.state != verbs.StateRTS) || from != q.attr.RemoteAddr || h.SrcQP != q.attr.RemoteQPN {
-			return nil
-		}
-		c = q.resp
-	case verbs.DCT:
-		if q.state != verbs.StateRTR || h.DCKey != q.dcKey {
-			return nil
-		}
-		c, _ = q.dctContext(from, h, false)
-		if c == nil {
-			return nil
-		}
-	default:
-		return nil
-	}
-	if wire.PSN(h.PSN) != c.ePSN {
-		return nil
-	}
-	if h.Flags&wire.FlagFirst != 0 {
-		if index != 0 || c.inMsg {
-			return nil
-		}
-		mem, why := q.remoteMem(h.RKey, h.VA, uint64(h.DMALen), verbs.AccessRemoteWrite)
-		if why != verbs.ReasonNone || plen > len(mem) {
-			return nil
-		}
-		return mem[:plen]
-	}
-	if !c.inMsg || c.msgOp != wire.OpWrite {
-		return nil
-	}
-	off := c.woff + index*firstLen
-	if off+plen > len(c.wmem) {
-		return nil
-	}
-	return c.wmem[off : off+plen]
 }

@@ -15,8 +15,8 @@
 // payload. For every
 // packet it calls Receiver.Steer with the header bytes and the payload
 // length; Steer may return a slice of exactly that length (memory the
-// payload should land in, typically a registered MR: a READ response's
-// destination or a WRITE's target), or nil. The link then places the
+// payload should land in, typically a READ response's destination), or
+// nil. The link then places the
 // payload there — for UDP, the kernel's socket copy writes straight into
 // it — or into a scratch buffer, and calls Receiver.Deliver with the real
 // header and the payload slice. Deliver learns whether steering happened by
@@ -27,9 +27,14 @@
 // packet i of the batch with the first packet's header and index i; the
 // receiver predicts (for example PSN+i of the same QP). Predictions can be
 // wrong; Deliver always sees the real header, so a wrong prediction costs a
-// copy or a retransmission, never corruption of accepted data. Receivers
-// therefore steer only into memory that is not yet valid (the next bytes
-// expected by an in-progress transfer).
+// copy or a retransmission, never corruption of accepted data. But the
+// bytes of a wrongly placed packet stay in the steered memory until the
+// right packet replaces them, so receivers steer only into memory that is
+// not yet valid (the next bytes expected by an in-progress transfer) AND
+// that nobody else can see until the transfer completes: a READ's private
+// destination, never a WRITE's target that peers read and local programs
+// map. A real NIC never places one packet's bytes where another's belong;
+// a link may, so the receiver must make sure no one can tell.
 //
 // Steer and Deliver of one packet (or one batch) are called on the same
 // goroutine (the link's, or a Driver's caller holding the receive token),
@@ -181,8 +186,9 @@ type Prediction struct {
 // with RxLock held and keeps RxLock held until it has received the
 // datagram and delivered it, so the predicted memory stays the receive
 // path's; it may block in its receive call meanwhile. The same rules as
-// for Steer apply: predict only memory that is not yet valid, since a
-// wrong prediction leaves garbage there. After the receive, the link
+// for Steer apply: predict only memory that is not yet valid and that
+// nobody else can see until the transfer completes, since a wrong
+// prediction leaves another datagram's bytes there. After the receive, the link
 // calls Steer and Deliver as usual; a packet counts as predicted only if
 // Steer returns exactly the predicted memory and its header has the
 // predicted length. Any other payload bytes the kernel placed in predicted

@@ -26,8 +26,8 @@
 // A Receiver that implements link.Predictor (softnic's Device does) gets
 // ONE recvmsg per datagram, with no peek. Before each receive the link
 // takes RxLock and asks Predict where the next packets' payloads belong
-// (the next bytes of the oldest READ in progress, else of the WRITE
-// message in progress), then receives with an iovec that scatters each
+// (softnic: the next bytes of the oldest READ in progress into a private
+// buffer), then receives with an iovec that scatters each
 // predicted payload straight into that memory and everything else into
 // the 64 KiB scratch buffer, laid out like the datagram; it keeps RxLock
 // while blocked. After the receive it calls Steer for every packet as
@@ -39,8 +39,9 @@
 // before anything is delivered and counted, one per packet, in
 // Counters.RxMispredicted; the receiver then places them (the engine
 // counts its own copy). Predicted memory that received the wrong bytes
-// holds garbage, which is allowed: predictions, like Steer, name only
-// memory that is not yet valid.
+// holds them until the right packet arrives, which is why predictions,
+// like Steer, may name only memory that is not yet valid and that nobody
+// else can see before the transfer completes (see link.Predictor).
 //
 // Holding RxLock while blocked needs two hand-shakes:
 //   - Anything else that takes the receiver's lock (an error flush, MR
@@ -84,8 +85,9 @@
 // without it) had part of its payload placed at the wrong offset: the
 // link copies the steered bytes back behind the header in scratch, splits
 // the packet correctly and delivers the scratch copy (counted in
-// Counters.RxReassembled). The steered memory then holds garbage, which is
-// allowed: receivers only steer into memory that is not yet valid.
+// Counters.RxReassembled). The steered memory then holds wrong bytes until
+// the right packet arrives, so receivers steer only into memory that is
+// not yet valid and that nobody else can see (see link.Receiver).
 //
 // Malformed packets are delivered, not dropped, so that the receiver
 // counts them: a packet whose base header does not parse, or whose header
