@@ -527,6 +527,16 @@ func (d *Device) flushRx() bool {
 	return notified
 }
 
+// flushOutbox sends what out holds now: the receive path's outbox with the
+// completions it held back (flushRx), any other at once.
+func (d *Device) flushOutbox(out *outbox) {
+	if out == &d.rxOut {
+		d.flushRx()
+		return
+	}
+	out.flush(d)
+}
+
 // beforeMemWrite must be called before the receive path changes MR memory:
 // READ responses waiting in rxOut send their payload straight from MR
 // memory, so they leave first and carry the bytes as of their execution.

@@ -65,8 +65,9 @@
 // cache of original values.
 //
 // A request the responder cannot execute — bad rkey, out of bounds,
-// missing permission, misaligned atomic, wrong DC key, unknown QP — is
-// NAKed; the requester's QP moves to ERR and its outstanding WRs complete
+// missing permission, misaligned atomic, wrong DC key, unknown QP, a READ
+// longer than MaxMsgSize or in responses smaller than any requester uses
+// (256 bytes) — is NAKed; the requester's QP moves to ERR and its outstanding WRs complete
 // with StatusWRFlushErr. Completions carry a verbs.Reason saying why, so an
 // upper layer can tell a restarted peer (ReasonDCKey, ReasonNoQP) from a
 // bad request. An RC responder moves to ERR too; a DCT, being shared,
@@ -98,7 +99,9 @@
 // # Threads and locks
 //
 // The link's receive goroutine runs all packet processing; responses it
-// produces leave in one send per receive batch. Application calls
+// produces leave in one send per receive batch (a long READ's responses in
+// sends of at most 1,024 packets, so that what one request queues is
+// bounded). Application calls
 // (PostSend, PostRecv, Modify) run on the caller's goroutine and send
 // directly. Each QP has a mutex; the device's rxMu orders the receive path
 // against MR deregistration, QP destruction and error flushes (lock order

@@ -59,3 +59,15 @@ func WakeOnDone(c verbs.CQ, ctx context.Context) bool { return c.(*cq).wakeOnDon
 
 // LinkCounters returns the counters of d's link, a *udplink.Link.
 func LinkCounters(d *Device) udplink.Counters { return d.link.(*udplink.Link).Counters() }
+
+// RxOutboxHigh is the most packets the receive path's outbox held when
+// it was sent.
+func (d *Device) RxOutboxHigh() int {
+	d.lockRx()
+	defer d.rxMu.Unlock()
+	return d.rxOut.high
+}
+
+// ServeBatch is the bound on the packets one READ adds to an outbox
+// before it is sent.
+const ServeBatch = serveBatch

@@ -35,6 +35,9 @@ func newRawPeer(t *testing.T) *rawPeer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	if err := c.SetReadBuffer(16 << 20); err != nil {
+		t.Fatal(err)
+	}
 	return &rawPeer{t: t, conn: c}
 }
 

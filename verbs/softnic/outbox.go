@@ -13,6 +13,7 @@ import (
 // the only copy of payload bytes is the kernel's.
 type outbox struct {
 	pkts  []link.Packet
+	high  int // the most packets it held at a flush (tests check the bound)
 	arena []byte
 	auth  *authState // signs every packet when the device has a cluster key
 	enc   []byte     // ciphertexts of the packets being sent (Config.Encrypt)
@@ -42,6 +43,7 @@ func (o *outbox) flush(d *Device) {
 	if o.auth != nil {
 		o.pkts = o.auth.seal(o, o.pkts)
 	}
+	o.high = max(o.high, len(o.pkts))
 	var bytes uint64
 	for i := range o.pkts {
 		bytes += uint64(o.pkts[i].Len())

@@ -179,7 +179,7 @@ func (q *qp) onRequest(from netip.AddrPort, h *wire.Header, payload []byte, out 
 			q.nakErr(c, from, h, synFor(why), why, out)
 			return
 		}
-		if h.RespMTU > uint32(q.dev.maxMTU) {
+		if !q.readShapeOK(h) {
 			q.nakErr(c, from, h, wire.SynNAKInv, verbs.ReasonInvalidOp, out)
 			return
 		}
@@ -361,6 +361,22 @@ func (q *qp) takeRecv() (recvWQE, bool) {
 	return r, true
 }
 
+// readShapeOK reports whether a READ request asks for responses this
+// device will send: as large a message as a requester may post
+// (MaxMsgSize), in packets of RespMTU bytes between the least any
+// requester uses (minPathMTU) and the device's largest. A request outside
+// is NAKed as invalid, as a NIC refuses a malformed request: a READ of
+// 4 MiB in 1-byte responses would cost millions of packets.
+func (q *qp) readShapeOK(h *wire.Header) bool {
+	return h.RespMTU >= minPathMTU && h.RespMTU <= uint32(q.dev.maxMTU) && h.DMALen <= MaxMsgSize
+}
+
+// serveBatch is how many packets a READ's responses may add to an outbox
+// before it is sent: what one request queues is bounded whatever its
+// length (a 1 GiB READ is 4 Mi packets of 256 bytes). A 1 MiB READ across
+// an Ethernet path (725 packets) still leaves in one send.
+const serveBatch = 1024
+
 // serveRead sends the READ response packets, payload straight from the MR.
 func (q *qp) serveRead(c *respCtx, from netip.AddrPort, h *wire.Header, mem []byte, out *outbox) {
 	n := readPkts(h.DMALen, h.RespMTU)
@@ -381,6 +397,9 @@ func (q *qp) serveRead(c *respCtx, from netip.AddrPort, h *wire.Header, mem []by
 		q.stats.TxPackets++
 		q.stats.TxBytes += hi - lo
 		q.send(from, h.SrcQP, &rh, mem[lo:hi], out)
+		if len(out.pkts) >= serveBatch {
+			q.dev.flushOutbox(out)
+		}
 	}
 }
 
@@ -391,7 +410,7 @@ func (q *qp) duplicate(c *respCtx, from netip.AddrPort, h *wire.Header, out *out
 	case wire.OpReadReq:
 		// READ is idempotent: serve it again from current memory.
 		mem, why := q.remoteMem(h.RKey, h.VA, uint64(h.DMALen), verbs.AccessRemoteRead)
-		if why != verbs.ReasonNone || h.RespMTU > uint32(q.dev.maxMTU) {
+		if why != verbs.ReasonNone || !q.readShapeOK(h) {
 			return
 		}
 		q.serveRead(c, from, h, mem, out)
