@@ -38,9 +38,10 @@
 // the requests before it: exactly the prefix that was transferred; the
 // next call at the following offset returns the error.
 //
-// Errors come back as errno: EIO for a remote failure (and for an atomic
-// whose answer was lost: it may have executed), ETIMEDOUT for an operation
-// that did not complete within Options.Timeout's bound, EHOSTDOWN for a
+// Errors come back as errno: EIO for a remote failure, ETIMEDOUT for an
+// operation that did not complete within Options.Timeout's bound (for an
+// atomic: it was sent and its outcome is unknown; it may have executed,
+// and every other errno of an atomic means it did not run), EHOSTDOWN for a
 // peer declared down on evidence of death (see qpcore's "Timeouts and
 // liveness") or an unreachable meta service, EPROTO for a peer on another
 // transport (softnic and rdma nodes cannot reach each other), ENOENT for

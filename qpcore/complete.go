@@ -23,8 +23,10 @@ import (
 //   - every flushed WR is an innocent: it is queued again in front of
 //     everything, in its original order, and posted again after the
 //     directory was re-read if needed. The one exception is an atomic that
-//     the responder executed before the error but whose response was lost:
-//     running it twice would be wrong, so its owner gets ErrAtomicLost.
+//     was sent (the responder may have executed it before the error, its
+//     response lost): running it twice would be wrong, so its owner gets
+//     ErrAtomicLost (loseAtomicsLocked). Only the responder's refusal of
+//     that very WR proves an atomic did not run.
 //
 // Staleness. A DC key or unknown-DCT NAK means the peer restarted: every
 // operation of the QP is stalled, the resolver entry invalidated and the
@@ -228,7 +230,11 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 	class := failNone
 	if ci >= 0 {
 		class = classify(failed[ci].st, failed[ci].why, fromRC)
+		if class == failOp || class == failStale || class == failRNR {
+			failed[ci].o.mayRun = false // the responder refused it
+		}
 	}
+	failed, ci = n.loseAtomicsLocked(p, failed, ci, e)
 	ops := make([]*op, 0, len(failed))
 	switch class {
 	case failNone, failLost:
@@ -245,11 +251,7 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		n.stats.remoteErrors.Add(1)
 		n.finishLocked(p, c.o, &RemoteError{Status: c.st, Reason: c.why}, e)
 		for i, f := range failed {
-			switch {
-			case i == ci:
-			case i < ci && f.o.code.atomic():
-				n.finishLocked(p, f.o, ErrAtomicLost, e)
-			default:
+			if i != ci {
 				ops = append(ops, f.o)
 			}
 		}
@@ -276,7 +278,7 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 			e.rnr = append(e.rnr, p)
 		}
 	case failDown:
-		n.lostLocked(p, failed, ci, e)
+		n.lostLocked(p, failed, e)
 	case failStale:
 		for _, f := range failed {
 			ops = append(ops, f.o)
@@ -290,11 +292,33 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 	}
 }
 
+// loseAtomicsLocked ends, with ErrAtomicLost, every atomic of failed
+// that may have executed: it was sent, and only its own refusal by the
+// responder (mayRun cleared) says it did not run. Posting it again could
+// apply it twice, on the same peer or, after a restart that kept its
+// memory, on the peer's next incarnation. It returns the other failures,
+// in order, and the index of the erroring one among them (-1 if none).
+func (n *Node) loseAtomicsLocked(p *peer, failed []failure, ci int, e *effects) ([]failure, int) {
+	kept, kci := failed[:0], -1
+	for i, f := range failed {
+		if f.o.code.atomic() && f.o.mayRun {
+			n.finishLocked(p, f.o, fmt.Errorf("%w: no answer from gid %d (%v)", ErrAtomicLost, p.gid, f.st), e)
+			continue
+		}
+		if i == ci {
+			kci = len(kept)
+		}
+		kept = append(kept, f)
+	}
+	return kept, kci
+}
+
 // lostLocked handles a QP that exhausted its transport retries: the
 // peer did not answer for a whole attempt. Unless that makes the evidence
 // of death complete (see liveness.go), the operations are posted again
-// within their deadlines; an atomic the peer may have executed fails.
-func (n *Node) lostLocked(p *peer, failed []failure, ci int, e *effects) {
+// within their deadlines (atomics that may have run never come here: see
+// loseAtomicsLocked).
+func (n *Node) lostLocked(p *peer, failed []failure, e *effects) {
 	now := n.clock.Now()
 	dead := n.struckLocked(p, now)
 	if dead || p.strikes == 1 {
@@ -310,13 +334,11 @@ func (n *Node) lostLocked(p *peer, failed []failure, ci int, e *effects) {
 		}
 	}
 	ops := make([]*op, 0, len(failed))
-	for i, f := range failed {
+	for _, f := range failed {
 		o := f.o
 		switch {
 		case p.down:
 			n.finishLocked(p, o, n.downErr(p, nil), e)
-		case o.code.atomic() && i >= ci:
-			n.finishLocked(p, o, fmt.Errorf("%w: no answer from gid %d within %v", ErrAtomicLost, p.gid, n.attempt), e)
 		case !n.canRetryLocked(o, now):
 			n.stats.opTimeouts.Add(1)
 			n.finishLocked(p, o, n.expiredErr(p, o), e)

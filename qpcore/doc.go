@@ -147,8 +147,11 @@
 // DC), reports the error (a *RemoteError with the NAK's reason) to the
 // erroring operation only, and posts the flushed innocent operations
 // again, in order, after re-reading the directory. Other VQPs see nothing
-// but a short delay. An atomic executed before the error whose response
-// was lost cannot be replayed: it fails with ErrAtomicLost.
+// but a short delay. An atomic is never posted again once it was sent,
+// unless the responder refused it: it may have executed, so it fails with
+// ErrAtomicLost (ETIMEDOUT, "outcome unknown"). Every other error of an
+// atomic (EHOSTDOWN, ENOENT, EACCES, a *RemoteError...) means it did not
+// run, so a caller may retry those and only those.
 //
 // Staleness: a DC key or unknown-DCT NAK means the peer restarted. The
 // peer's operations are parked, the Resolver entry invalidated and the
@@ -162,7 +165,7 @@
 // timeout PeerTimeout/32, 7 retries, restarted by any progress); an
 // operation whose attempt exhausted its retries is posted again if one
 // more attempt ends by its deadline (an atomic is not: it may have
-// executed, ErrAtomicLost); an operation waiting outside a QP (queued,
+// executed, ErrAtomicLost, also when the peer is then found dead); an operation waiting outside a QP (queued,
 // held by a fence, stalled for a re-lookup) is failed by the housekeeping
 // tick once its deadline passed, with ErrTimeout. A peer is declared down
 // only on evidence of death: 3 consecutive retry-exhausted attempts with

@@ -1,6 +1,8 @@
 package qpcore
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -166,6 +168,13 @@ func (n *Node) deliver(o *op) {
 func (n *Node) finishLocked(p *peer, o *op, err error, e *effects) {
 	if o.state == opDone {
 		return
+	}
+	if err != nil && o.mayRun && o.code.atomic() && !errors.Is(err, ErrAtomicLost) {
+		// Sent and not refused: whatever ends it now (a peer found dead,
+		// an expired deadline, a closing device) cannot say it did not
+		// run, and an error that means "not run" would let the caller
+		// apply it twice.
+		err = fmt.Errorf("%w (%v)", ErrAtomicLost, err)
 	}
 	counted := o.state == opQueued || o.state == opPosted || o.state == opStalled
 	o.setState(opDone)

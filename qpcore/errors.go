@@ -45,7 +45,11 @@ var (
 	ErrNoPeer          = newError("peer not found", syscall.ENOENT)
 	ErrPeerUnreachable = newError("peer unreachable", syscall.EHOSTDOWN)
 	ErrStale           = newError("peer metadata stale after a retry", syscall.ESTALE)
-	ErrAtomicLost      = newError("atomic executed remotely but its result was lost in a QP error", syscall.EIO)
+	// ErrAtomicLost: an atomic was sent and no answer says whether it
+	// executed (a lost response, a silent or restarted peer, a QP error).
+	// It may have run; running it again may apply it twice. Every other
+	// error of an atomic means it did not run.
+	ErrAtomicLost = newError("atomic's outcome unknown: it may have executed", syscall.ETIMEDOUT)
 	ErrRemote          = newError("remote operation failed", syscall.EIO)
 	ErrDirectory       = newError("peer's region directory unreadable", syscall.EIO)
 	ErrTimeout         = newError("timed out", syscall.ETIMEDOUT)

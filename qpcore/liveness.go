@@ -30,7 +30,8 @@ import (
 // death: at 30% loss each way a try succeeds 49% of the time and one in
 // about 200 attempts of 8 tries fails. Its operations are posted again
 // (within their deadline; an atomic, which the peer may have executed,
-// fails with ErrAtomicLost instead). The peer is declared down only on
+// fails with ErrAtomicLost instead, also when the silence proves the peer
+// dead: its request may sit in the peer's socket and run when it wakes). The peer is declared down only on
 // evidence: deathStrikes consecutive retry-exhausted attempts with no
 // answer in between, spanning at least deathStrikes attempts (3/4 of
 // PeerTimeout) of silence. Then its

@@ -167,6 +167,7 @@ type op struct {
 	onDone   func(*op) // internal completion hook, run with no lock held
 
 	state   opState
+	mayRun  bool // posted since the responder last refused it: an atomic may have executed
 	route   Transport
 	dci     *dciSlot // what it is posted on
 	rc      *rcConn

@@ -396,6 +396,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 			continue
 		}
 		o.setState(opPosted)
+		o.mayRun = true
 		if t == DC {
 			o.dci = p.dci
 		} else {

@@ -87,6 +87,8 @@ func runAtomic(cmd uint32, args []string, stdout io.Writer) error {
 		switch e {
 		case unix.ENOTTY:
 			return fmt.Errorf("%s: not a krfs region file", args[0])
+		case unix.ETIMEDOUT:
+			return fmt.Errorf("%s: outcome unknown: the atomic was sent and may have executed (no answer in time); check the word before retrying: %w", args[0], e)
 		case unix.EINVAL:
 			if st, serr := f.Stat(); serr == nil && arg.Offset+8 > uint64(st.Size()) {
 				return fmt.Errorf("%s: offset %d is past the end: the region is %d bytes (the last word is at %d)",
