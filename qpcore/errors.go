@@ -50,9 +50,9 @@ var (
 	// It may have run; running it again may apply it twice. Every other
 	// error of an atomic means it did not run.
 	ErrAtomicLost = newError("atomic's outcome unknown: it may have executed", syscall.ETIMEDOUT)
-	ErrRemote          = newError("remote operation failed", syscall.EIO)
-	ErrDirectory       = newError("peer's region directory unreadable", syscall.EIO)
-	ErrTimeout         = newError("timed out", syscall.ETIMEDOUT)
+	ErrRemote     = newError("remote operation failed", syscall.EIO)
+	ErrDirectory  = newError("peer's region directory unreadable", syscall.EIO)
+	ErrTimeout    = newError("timed out", syscall.ETIMEDOUT)
 	// ErrRCPoolFull: an RC-only peer waited PeerTimeout for a slot of the
 	// RC pool (RCCap QPs, none idle to reclaim).
 	ErrRCPoolFull = newError("RC pool full: no RC QP idle to reclaim", syscall.EBUSY)
