@@ -1,7 +1,7 @@
 // Package clock is the time source of krfs: every timer, timeout and time
 // read of the engine (softnic), the control plane (qpcore) and the meta
 // service goes through a Clock, so that tests can run them on manual time
-// (softnictest.ManualClock) and never depend on how busy the machine is.
+// (clocktest.Manual) and never depend on how busy the machine is.
 //
 // Production code uses System, the real clock. The helpers below build the
 // usual shapes on any Clock: a one-shot channel (After), a periodic tick

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/clock"
-	"github.com/krfs/krfs/verbs/softnic/softnictest"
+	"github.com/krfs/krfs/clock/clocktest"
 )
 
 func TestAfterFiresOnlyWhenTimeMoves(t *testing.T) {
-	clk := softnictest.NewManualClock(time.Time{})
+	clk := clocktest.NewManual(time.Time{})
 	ch, stop := clock.After(clk, 10*time.Millisecond)
 	clk.Advance(9 * time.Millisecond)
 	select {
@@ -35,7 +35,7 @@ func TestAfterFiresOnlyWhenTimeMoves(t *testing.T) {
 }
 
 func TestWithTimeout(t *testing.T) {
-	clk := softnictest.NewManualClock(time.Time{})
+	clk := clocktest.NewManual(time.Time{})
 	ctx, cancel := clock.WithTimeout(context.Background(), clk, time.Second)
 	defer cancel()
 	clk.Advance(999 * time.Millisecond)
@@ -61,7 +61,7 @@ func TestWithTimeout(t *testing.T) {
 }
 
 func TestTickerDropsUntakenTicks(t *testing.T) {
-	clk := softnictest.NewManualClock(time.Time{})
+	clk := clocktest.NewManual(time.Time{})
 	tk := clock.NewTicker(clk, 10*time.Millisecond)
 	clk.Advance(35 * time.Millisecond) // three ticks, one kept
 	n := 0
@@ -113,7 +113,7 @@ func TestOrSystemAndSince(t *testing.T) {
 	if _, ok := clock.OrSystem(nil).(clock.System); !ok {
 		t.Fatal("OrSystem(nil) is not the system clock")
 	}
-	clk := softnictest.NewManualClock(time.Time{})
+	clk := clocktest.NewManual(time.Time{})
 	if clock.OrSystem(clk) != clock.Clock(clk) {
 		t.Fatal("OrSystem replaced a clock")
 	}

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/internal/replay"
 	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
@@ -300,7 +301,7 @@ func (a *authState) sendHandshake(to netip.AddrPort, op wire.Opcode, payload []b
 // ensure waits until a session with remote exists, initiating (and
 // repeating) the handshake.
 func (a *authState) ensure(ctx context.Context, remote netip.AddrPort) error {
-	tick := time.NewTicker(hsRetry)
+	tick := clock.NewTicker(a.d.clock, hsRetry)
 	defer tick.Stop()
 	for {
 		a.mu.Lock()

@@ -1,257 +1,31 @@
 package softnictest
 
 import (
-	"container/heap"
-	"sync"
 	"time"
 
-	"github.com/krfs/krfs/clock"
-	"github.com/krfs/krfs/verbs/softnic/link"
+	"github.com/krfs/krfs/clock/clocktest"
 )
 
 // Epoch is the time at which a ManualClock created from the zero time
-// starts. It is a fixed, wall-clock-only instant, so logs of manual-time
-// runs are identical from one run to the next.
-var Epoch = time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
+// starts (clocktest.Epoch).
+var Epoch = clocktest.Epoch
 
-// ManualClock is a clock.Clock whose time moves only when the test calls
-// Advance or RunNext.
-//
-// Timer callbacks do NOT run in their own goroutines, unlike
-// link.SystemClock: Advance calls each due callback synchronously on its
-// own goroutine, one at a time, in deadline order (ties in the order the
-// timers were created), with Now reporting the timer's deadline during the
-// call. A callback may call Now, AfterFunc and Stop; timers it schedules
-// fire within the same Advance if their deadline is not past the target.
-// A callback must not call Advance or RunNext (that deadlocks), nor block
-// on work that needs another timer to fire. Neither may a Receiver of a
-// network on the clock, since Advance delivers packets too.
-//
-// The packet deliveries of every Network built on the clock are events of
-// the clock too: Advance delivers a packet when time reaches its due time,
-// and a packet due at the same instant as a timer is delivered before the
-// timer fires. Time does not move while any delivery is in progress, on
-// whatever goroutine (an AutoFlush link's included), so a Receiver's
-// answers go out at the instant its packet was due.
-type ManualClock struct {
-	// advMu serializes Advance and RunNext: one goroutine moves time.
-	advMu sync.Mutex
-
-	mu     sync.Mutex // guards the fields below
-	now    time.Time
-	timers timerQueue
-	seq    uint64     // creation order of timers
-	nets   []*Network // networks whose deliveries are clock events; replaced, never mutated in place
-}
-
-var _ clock.Clock = (*ManualClock)(nil)
+// ManualClock is the manual clock of package clocktest. A Network built on
+// one attaches to it: packet deliveries are events of the clock, run in
+// time order with its timers (a packet due at the same instant as a timer
+// is delivered first), and time does not move while any delivery is in
+// progress, on whatever goroutine (an AutoFlush link's included), so a
+// Receiver's answers go out at the instant its packet was due. A Receiver
+// must therefore not call Advance or RunNext.
+type ManualClock = clocktest.Manual
 
 // NewManualClock returns a manual clock reading start, or Epoch if start
 // is the zero time.
-func NewManualClock(start time.Time) *ManualClock {
-	if start.IsZero() {
-		start = Epoch
-	}
-	return &ManualClock{now: start.Round(0)}
-}
+func NewManualClock(start time.Time) *ManualClock { return clocktest.NewManual(start) }
 
-// Now returns the clock's time.
-func (c *ManualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
+// clockSource makes a Network's deliveries events of its manual clock
+// (clocktest.Source).
+type clockSource struct{ n *Network }
 
-// AfterFunc arranges for f to be called by the Advance that moves the
-// clock to Now()+d or beyond. A timer with d <= 0 fires at the next
-// Advance, even Advance(0).
-func (c *ManualClock) AfterFunc(d time.Duration, f func()) link.Timer {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.seq++
-	t := &manualTimer{c: c, at: c.now.Add(max(d, 0)), seq: c.seq, f: f}
-	heap.Push(&c.timers, t)
-	return t
-}
-
-// Timers returns the number of timers that have neither fired nor been
-// stopped.
-func (c *ManualClock) Timers() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.timers)
-}
-
-// Advance moves the clock forward by d, running every timer and packet
-// delivery that falls due on the way, in time order; it returns when the
-// clock reads the old time plus d and nothing due remains. It panics if d
-// is negative.
-//
-// Advance does not return while events keep falling due at the current
-// instant: two receivers that answer each other with zero-delay packets
-// forever make it spin.
-func (c *ManualClock) Advance(d time.Duration) {
-	if d < 0 {
-		panic("softnictest: ManualClock.Advance with a negative duration")
-	}
-	c.advMu.Lock()
-	defer c.advMu.Unlock()
-	c.mu.Lock()
-	target := c.now.Add(d)
-	c.mu.Unlock()
-	c.runUntil(target)
-}
-
-// RunNext moves the clock to the earliest pending event (a timer or a
-// packet delivery) and runs everything due at that instant. It reports
-// false, leaving the clock alone, if nothing is pending.
-func (c *ManualClock) RunNext() bool {
-	c.advMu.Lock()
-	defer c.advMu.Unlock()
-	at, ok := c.nextDelivery()
-	c.mu.Lock()
-	if len(c.timers) > 0 && (!ok || c.timers[0].at.Before(at)) {
-		at, ok = c.timers[0].at, true
-	}
-	c.mu.Unlock()
-	if ok {
-		c.runUntil(at)
-	}
-	return ok
-}
-
-// runUntil runs events due at or before target, then sets the clock to
-// target if it is still earlier. The caller holds advMu.
-func (c *ManualClock) runUntil(target time.Time) {
-	for c.step(target) {
-	}
-	c.mu.Lock()
-	c.now = later(c.now, target)
-	c.mu.Unlock()
-}
-
-// step runs the earliest event due at or before target: the due packets
-// of every network if one is due no later than the earliest timer, else
-// that timer. It reports whether it ran anything.
-func (c *ManualClock) step(target time.Time) bool {
-	pktAt, havePkt := c.nextDelivery()
-	havePkt = havePkt && !pktAt.After(target)
-
-	c.mu.Lock()
-	var t *manualTimer
-	if len(c.timers) > 0 && !c.timers[0].at.After(target) {
-		t = c.timers[0]
-	}
-	if havePkt && (t == nil || !pktAt.After(t.at)) {
-		c.now = later(c.now, pktAt)
-		now, nets := c.now, c.nets
-		c.mu.Unlock()
-		for _, n := range nets {
-			n.deliverDue(now)
-		}
-		return true
-	}
-	if t == nil {
-		c.mu.Unlock()
-		return false
-	}
-	heap.Pop(&c.timers)
-	c.now = later(c.now, t.at)
-	c.mu.Unlock()
-	t.f()
-	return true
-}
-
-// nextDelivery returns the earliest due time of a deliverable packet in
-// any attached network. It must be called without c.mu held: networks
-// read the clock while holding their own lock.
-func (c *ManualClock) nextDelivery() (at time.Time, ok bool) {
-	c.mu.Lock()
-	nets := c.nets
-	c.mu.Unlock()
-	for _, n := range nets {
-		if t, has := n.nextDue(); has && (!ok || t.Before(at)) {
-			at, ok = t, true
-		}
-	}
-	return at, ok
-}
-
-// attach makes n's deliveries events of the clock.
-func (c *ManualClock) attach(n *Network) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	nets := make([]*Network, 0, len(c.nets)+1)
-	c.nets = append(append(nets, c.nets...), n)
-}
-
-// detach undoes attach.
-func (c *ManualClock) detach(n *Network) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	nets := make([]*Network, 0, len(c.nets))
-	for _, m := range c.nets {
-		if m != n {
-			nets = append(nets, m)
-		}
-	}
-	c.nets = nets
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
-
-// manualTimer is a pending call of a ManualClock.
-type manualTimer struct {
-	c     *ManualClock
-	at    time.Time
-	seq   uint64
-	f     func()
-	index int // position in c.timers; -1 once fired or stopped (guarded by c.mu)
-}
-
-// Stop prevents the call if the timer has not fired; it reports whether
-// it did.
-func (t *manualTimer) Stop() bool {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	if t.index < 0 {
-		return false
-	}
-	heap.Remove(&t.c.timers, t.index)
-	return true
-}
-
-// timerQueue is a min-heap of timers by deadline, then creation order; it
-// implements container/heap.Interface and keeps manualTimer.index.
-type timerQueue []*manualTimer
-
-func (q timerQueue) Len() int { return len(q) }
-func (q timerQueue) Less(i, j int) bool {
-	if !q[i].at.Equal(q[j].at) {
-		return q[i].at.Before(q[j].at)
-	}
-	return q[i].seq < q[j].seq
-}
-func (q timerQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index = i
-	q[j].index = j
-}
-func (q *timerQueue) Push(x any) {
-	t := x.(*manualTimer)
-	t.index = len(*q)
-	*q = append(*q, t)
-}
-func (q *timerQueue) Pop() any {
-	old := *q
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	t.index = -1
-	*q = old[:len(old)-1]
-	return t
-}
+func (s clockSource) NextDue() (time.Time, bool) { return s.n.nextDue() }
+func (s clockSource) RunDue(now time.Time)        { s.n.deliverDue(now) }

@@ -202,7 +202,7 @@ func NewNetwork(cfg Config) *Network {
 	if cfg.Clock != nil {
 		n.manual = cfg.Clock
 		n.clock = cfg.Clock
-		cfg.Clock.attach(n)
+		cfg.Clock.Attach(clockSource{n})
 	}
 	return n
 }
@@ -373,7 +373,7 @@ func (n *Network) Close() error {
 		l.Close()
 	}
 	if n.manual != nil {
-		n.manual.detach(n)
+		n.manual.Detach(clockSource{n})
 	}
 	return nil
 }
@@ -592,4 +592,11 @@ func (n *Network) finishBatch(l *Link, batch []*packet, rx *rxCounts) {
 	n.add(l, cSteered, rx.steered)
 	n.add(l, cMispredicted, rx.mispredicted)
 	n.add(l, cMalformed, rx.malformed)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
