@@ -30,9 +30,12 @@
 //     RemoteAddr, DCTarget.Addr, ConnectRC); WC.SrcAddr of a received
 //     message is the sender's Device.Addr and WC.SrcQPN its QPN (no layer
 //     above reads them yet).
-//   - MRs are zero-based: remote memory is (rkey, offset in the MR); an MR
-//     made of a sub-slice starts at offset 0 of that sub-slice (meta's
-//     table, qpcore's exported regions).
+//   - An MR's remote addresses start at its IOVA, the buffer's offset in
+//     its page (the kernel's rule for ibv_reg_mr): remote address 0 of a
+//     sub-slice 100 bytes into a page is outside its MR, IOVA is its first
+//     byte, and a page-aligned buffer's MR is zero-based (meta's table,
+//     qpcore's directory and regions are allocated page-aligned;
+//     qpcore's rendezvous publishes the IOVA of the message it exposes).
 //   - The same memory may be registered twice with different access; each
 //     rkey grants only its own MR's access (meta: a read-only table view for
 //     clients and a writable one for its loopback QP).

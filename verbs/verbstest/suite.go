@@ -107,7 +107,7 @@ func (e *env) node() *node {
 	if err != nil {
 		t.Fatalf("CreateCQ: %v", err)
 	}
-	mem := make([]byte, memSize)
+	mem := verbs.PageAligned(memSize) // zero-based: the suite addresses it by offsets
 	mr, err := pd.RegMR(mem, verbs.AccessAll)
 	if err != nil {
 		t.Fatalf("RegMR: %v", err)
