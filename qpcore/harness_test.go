@@ -241,7 +241,7 @@ func (c *cluster) addAt(gid uint32, addr string, memSize int, cfg qpcore.Config)
 	}
 	tn := &tnode{t: t, gid: gid, addr: dev.Addr().String(), dev: dev, n: n}
 	if memSize > 0 {
-		tn.mem = make([]byte, memSize)
+		tn.mem = verbs.PageAligned(memSize)
 		if _, err := n.Export("mem", tn.mem, verbs.AccessRemoteRead|verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic); err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 )
 
 func pattern(n, seed int) []byte {
@@ -107,6 +108,45 @@ func testMessagesAroundThreshold(t *testing.T, c *cluster) {
 		t.Fatalf("recv on a closed port: %v", err)
 	}
 	noQPErrors(t, a.n, b.n)
+}
+
+// TestRendezvousFromUnalignedBuffer: a large message whose buffer does
+// not start on a page boundary (a sub-slice of the caller's memory) is
+// exposed by an MR at a non-zero IOVA, as a NIC requires; the RTS
+// carries that address and the receiver READs from it (a READ at
+// address 0, a zero-based reading of the MR, misses).
+func TestRendezvousFromUnalignedBuffer(t *testing.T) {
+	checkLeaks(t)
+	forEachFabric(t, func(t *testing.T, c *cluster) {
+		const thr = qpcore.DefaultMsgThreshold
+		a := c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
+		b := c.add(2, 0, qpcore.Config{})
+		ctx := ctxT(t, 20*time.Second)
+		port, err := a.n.Bind(7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer port.Close()
+		for _, skew := range []int{100, 4000, 8} {
+			mem := verbs.PageAligned(2*thr + 4096)
+			msg := mem[skew : skew+thr+333]
+			copy(msg, pattern(len(msg), skew))
+			errc := make(chan error, 1)
+			go func() { errc <- b.n.Send(ctx, 1, 7, msg) }()
+			dst := make([]byte, len(msg))
+			m, err := port.Recv(ctx, dst)
+			if err != nil || m.Len != len(msg) || !m.ZeroCopy {
+				t.Fatalf("message %d bytes into a page: %+v %v", skew, m, err)
+			}
+			if !bytes.Equal(dst, pattern(len(msg), skew)) {
+				t.Fatalf("message %d bytes into a page corrupted", skew)
+			}
+			if err := <-errc; err != nil {
+				t.Fatalf("send from %d bytes into a page: %v", skew, err)
+			}
+		}
+		noQPErrors(t, a.n, b.n)
+	})
 }
 
 // More messages than posted receive buffers: senders meet RNR NAKs and

@@ -198,8 +198,10 @@ func (n *Node) Config() Config { return n.cfg }
 
 // Export registers buf as a region peers can reach under name with the
 // given remote access (verbs.AccessRemoteRead, ...Write, ...Atomic), and
-// lists it in the region directory. The caller keeps buf and must call
-// SyncMemory-style barriers of its device as usual.
+// lists it in the region directory. buf must start on a page boundary
+// (ErrUnaligned otherwise: verbs.PageAligned, mmap): peers address a
+// region by offsets, which its MR allows only then. The caller keeps buf
+// and must call SyncMemory-style barriers of its device as usual.
 func (n *Node) Export(name string, buf []byte, access verbs.Access) (Region, error) {
 	return n.dir.export(name, buf, access, 0o600, 0, 0)
 }
