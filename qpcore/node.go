@@ -68,6 +68,8 @@ type Node struct {
 	wcs    [64]verbs.WC
 	rwcs   [64]verbs.WC // used by the dispatcher goroutine only
 
+	stopEvents func() // unsubscribes onEvent
+
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	stop   chan struct{}
@@ -156,6 +158,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if err = dev.ListenRC(rcService, n.accept); err != nil {
 		return nil, fmt.Errorf("qpcore: RC listener: %w", err)
 	}
+	n.stopEvents = dev.OnEvent(n.onEvent)
 	ok = true
 	n.wg.Add(1)
 	go n.run()
@@ -251,6 +254,7 @@ func (n *Node) Close() error {
 		peers = append(peers, p)
 	}
 	n.mu.Unlock()
+	n.stopEvents()
 	n.cancel()
 	close(n.stop)
 	for _, p := range peers {
