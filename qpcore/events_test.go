@@ -1,6 +1,8 @@
 package qpcore_test
 
 import (
+	"errors"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,4 +56,29 @@ func TestResponderQPReplacedAfterAccessError(t *testing.T) {
 			t.Fatalf("b still holds a QP in ERR: %+v", q)
 		}
 	}
+}
+
+// TestNoAtomicsDevice: on a NIC without atomics (upstream mlx5 reports
+// atomic_cap NONE unless its firmware answers in host byte order) a node
+// runs (its DCT and passive QPs grant no atomic access) and refuses
+// atomics before posting, with EOPNOTSUPP; READs and WRITEs work.
+func TestNoAtomicsDevice(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	c.noAtomics = true
+	a := c.add(1, 0, qpcore.Config{})
+	b := c.add(2, 4096, qpcore.Config{})
+	ctx := ctxT(t, 20*time.Second)
+	v := mustConnect(t, a.n, 2)
+	if err := v.Write(ctx, []byte("plain"), "mem", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.FetchAdd(ctx, "mem", 8, 1); !errors.Is(err, qpcore.ErrOpcode) || !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Fatalf("FetchAdd without atomics: %v, want ErrOpcode (EOPNOTSUPP)", err)
+	}
+	b.dev.SyncMemory()
+	if string(b.mem[:5]) != "plain" {
+		t.Fatalf("memory %q", b.mem[:5])
+	}
+	noQPErrors(t, a.n, b.n)
 }
