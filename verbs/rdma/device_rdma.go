@@ -1170,7 +1170,7 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 	// atomic access without atomics never reach the kernel.
 	chk := a
 	chk.Access = access
-	if err := checkModify(q.typ, from, &chk, d.attr.Atomic); err != nil {
+	if err := checkModify(q.typ, from, &chk, d.attr.Atomic, d.mtu); err != nil {
 		return fmt.Errorf("%w (%v QP %d)", err, q.typ, q.qpn)
 	}
 	// Timeouts and retry counts take effect at RTS. Like softnic, a QP

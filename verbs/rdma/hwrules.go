@@ -115,9 +115,10 @@ func (x *qpIndex[Q]) list() []Q {
 // checkModify validates a transition before it reaches the kernel: the
 // transition table of the QP type (verbs.ValidTransition: a DCT moves only
 // RESET->INIT->RTR, a DCI cannot go RESET->ERR), the retry counts, what
-// RTS->RTS cannot change, and remote atomic access on a device without
-// atomics (mlx5 fails it with EOPNOTSUPP at INIT).
-func checkModify(typ verbs.QPType, from verbs.QPState, a *verbs.QPAttr, atomics verbs.AtomicCap) error {
+// RTS->RTS cannot change, a path MTU the port cannot carry (256..maxMTU),
+// and remote atomic access on a device without atomics (mlx5 fails it
+// with EOPNOTSUPP at INIT).
+func checkModify(typ verbs.QPType, from verbs.QPState, a *verbs.QPAttr, atomics verbs.AtomicCap, maxMTU int) error {
 	if !verbs.ValidTransition(typ, from, a.State) {
 		return fmt.Errorf("%w: %v -> %v on a %v QP", verbs.ErrTransition, from, a.State, typ)
 	}
@@ -126,6 +127,9 @@ func checkModify(typ verbs.QPType, from verbs.QPState, a *verbs.QPAttr, atomics 
 	}
 	if a.RetryCnt < 0 || a.RetryCnt > 7 || a.RNRRetry < 0 || a.RNRRetry > 7 {
 		return fmt.Errorf("%w: retry counts are 0..7", verbs.ErrInvalidArg)
+	}
+	if a.PathMTU != 0 && (a.PathMTU < 256 || a.PathMTU > maxMTU) {
+		return fmt.Errorf("%w: path MTU %d outside [256, %d]", verbs.ErrInvalidArg, a.PathMTU, maxMTU)
 	}
 	if a.State == verbs.StateInit && typ != verbs.DCI && a.Access&verbs.AccessRemoteAtomic != 0 && atomics == verbs.AtomicNone {
 		return fmt.Errorf("%w: remote atomic access on a device without atomics (atomic_cap NONE)", verbs.ErrNotSupported)

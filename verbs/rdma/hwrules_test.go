@@ -118,10 +118,14 @@ func TestCheckModify(t *testing.T) {
 		{verbs.RC, verbs.StateReset, verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteAtomic}, verbs.AtomicNone, verbs.ErrNotSupported},
 		{verbs.DCT, verbs.StateReset, verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteAtomic}, verbs.AtomicNone, verbs.ErrNotSupported},
 		{verbs.RC, verbs.StateReset, verbs.QPAttr{State: verbs.StateInit, Access: verbs.AccessRemoteRead}, verbs.AtomicNone, nil},
+		// A path MTU the port cannot carry is refused, not clamped.
+		{verbs.RC, verbs.StateInit, verbs.QPAttr{State: verbs.StateRTR, PathMTU: 8192}, verbs.AtomicHCA, verbs.ErrInvalidArg},
+		{verbs.RC, verbs.StateInit, verbs.QPAttr{State: verbs.StateRTR, PathMTU: 128}, verbs.AtomicHCA, verbs.ErrInvalidArg},
+		{verbs.RC, verbs.StateInit, verbs.QPAttr{State: verbs.StateRTR, PathMTU: 1024}, verbs.AtomicHCA, nil},
 	}
 	for _, c := range cases {
 		a := c.a
-		err := checkModify(c.typ, c.from, &a, c.cap)
+		err := checkModify(c.typ, c.from, &a, c.cap, 4096)
 		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%v %v -> %v (%+v, atomics %v): %v, want %v", c.typ, c.from, c.a.State, c.a, c.cap, err, c.want)
 		}

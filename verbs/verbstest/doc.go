@@ -107,6 +107,27 @@
 // with ErrCMTimeout when the context ends; ListenRC refuses a duplicate
 // service; ConnectRC needs a QP in RESET (ErrQPState).
 //
+// Hardware rules (mlx5 and the kernel's uverbs; softnic enforces them):
+//   - A DCT has no number before RTR (QPN 0); the number it gets then is
+//     the one DCIs reach it by; a DCT moves only RESET->INIT->RTR, a DCI
+//     cannot go RESET->ERR.
+//   - A responder RC QP that refuses a request moves to ERR: a remote
+//     access error raises EventQPAccessErr for it (no completion there); a
+//     SEND longer than the receive completes the receive with
+//     LOC_LEN_ERR. Of an error completion only ID, Status, Reason and QPN
+//     are defined.
+//   - A shared DCI survives a target whose host is gone (retry error) and
+//     a destroyed DCT, recovering each time; a SEND to an empty SRQ ends
+//     in RNR_RETRY_EXC_ERR; one WR to a bad target fails and flushes the
+//     WRs queued behind it for other targets, which never reach them and
+//     succeed when posted again (KRCORE's isolation).
+//   - A CQ overrun raises EventCQErr; a device without atomics
+//     (Attr().Atomic AtomicNone) refuses them at post and at INIT with
+//     ErrNotSupported; the connection manager settles on the smaller
+//     path MTU, and Modify refuses one above MaxMTU or below 256.
+// Cases that wait for retries use DCIs with a short ACK timeout, so they
+// end well within Deadline on an RNIC too.
+//
 // # Backends without some features
 //
 // Fabric.NoDC skips DC cases with a message (an RNIC without DC: qpcore
@@ -116,5 +137,6 @@
 // wrong key silently): the status must still be an error and the QP must
 // still move to ERR and flush. Fabric.DCTSourceUnknown accepts DCT
 // receives without the sender's address (mlx5 reports only the DCI's
-// QPN).
+// QPN). Fabric.NewDeviceWithoutAtomics opens a device without atomics
+// for the case that checks what one refuses.
 package verbstest

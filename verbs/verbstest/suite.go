@@ -34,6 +34,11 @@ type Fabric struct {
 	// the sender's device address (WC.SrcAddr), as on mlx5, where only
 	// the DCI's QPN is reported. No layer above relies on it.
 	DCTSourceUnknown bool
+	// NewDeviceWithoutAtomics, if not nil, opens a device of the fabric
+	// whose Attr().Atomic is AtomicNone (softnic.Config.NoAtomics), for
+	// the case that checks what such a device refuses; a backend whose
+	// devices have atomics and cannot be told otherwise leaves it nil.
+	NewDeviceWithoutAtomics func(t testing.TB) verbs.Device
 }
 
 // Deadline bounds every wait of the suite for something that must happen.
@@ -62,6 +67,7 @@ func Run(t *testing.T, f Fabric) {
 		{"CQ", cqCases},
 		{"SRQ", srqCases},
 		{"CM", cmCases},
+		{"Hardware", hardwareCases},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
