@@ -255,3 +255,24 @@ func TestInvalidatesTarget(t *testing.T) {
 		t.Error("only a retry error says the target may have moved")
 	}
 }
+
+func TestPlan(t *testing.T) {
+	v2 := []GIDInfo{{Index: 3, GID: GIDFromIP(netip.MustParseAddr("10.0.0.1")), Type: "RoCEv2"}}
+	devs := []DeviceInfo{{Name: "mlx5_0", Transport: "InfiniBand", IOVA: true, DC: true, Atomic: verbs.AtomicHCA,
+		Ports: []PortInfo{{Num: 1, State: "ACTIVE", LinkLayer: "Ethernet", GIDs: v2}}}}
+	got, err := Plan(devs, Config{GIDIndex: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"mlx5_0 port 1", "DC", "GID 3", "10.0.0.1:4792", "atomics HCA"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Plan %q lacks %q", got, want)
+		}
+	}
+	if _, err := Plan(devs, Config{GIDIndex: -1, CMAddr: "10.0.0.1:4791"}); err == nil {
+		t.Error("Plan accepted the RoCEv2 port for the connection manager")
+	}
+	if _, err := Plan(devs, Config{GIDIndex: 7}); err == nil {
+		t.Error("Plan accepted a missing GID index")
+	}
+}

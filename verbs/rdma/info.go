@@ -202,3 +202,37 @@ type Caps struct {
 	Atomic verbs.AtomicCap
 	QoS    QoS
 }
+
+// Plan says what Open would open for cfg among devs, in one line for
+// `krfs devices`: the device, port and GID, and the address its
+// connection manager (the node's address for peers) would bind; or why
+// nothing is usable.
+func Plan(devs []DeviceInfo, cfg Config) (string, error) {
+	d, p, err := pickPort(devs, cfg)
+	if err != nil {
+		return "", err
+	}
+	g, ok := p.DefaultGID()
+	if cfg.GIDIndex >= 0 {
+		ok = false
+		for _, x := range p.GIDs {
+			if x.Index == cfg.GIDIndex {
+				g, ok = x, true
+			}
+		}
+	}
+	ib := p.LinkLayer == "InfiniBand"
+	if !ok && !ib {
+		return "", fmt.Errorf("%w: %s port %d has no GID at index %d", ErrNoDevice, d.Name, p.Num, cfg.GIDIndex)
+	}
+	addr, err := cmListenAddr(cfg.CMAddr, g.GID, ib)
+	if err != nil {
+		return "", err
+	}
+	dc := "DC"
+	if !d.DC {
+		dc = "RC only"
+	}
+	return fmt.Sprintf("%s port %d (%s, %s), GID %d %v, connection manager on %s, atomics %v",
+		d.Name, p.Num, p.LinkLayer, dc, g.Index, g.GID, addr, d.Atomic), nil
+}
