@@ -125,6 +125,7 @@
 //     (Attr().Atomic AtomicNone) refuses them at post and at INIT with
 //     ErrNotSupported; the connection manager settles on the smaller
 //     path MTU, and Modify refuses one above MaxMTU or below 256.
+//
 // Cases that wait for retries use DCIs with a short ACK timeout, so they
 // end well within Deadline on an RNIC too.
 //
