@@ -55,10 +55,7 @@ func Devices() ([]DeviceInfo, error) {
 }
 
 func describe(dev *C.struct_ibv_device) (DeviceInfo, error) {
-	info := DeviceInfo{Name: C.GoString(C.ibv_get_device_name(dev)), Transport: "InfiniBand"}
-	if dev.transport_type == ibvTransportIWARP {
-		info.Transport = "iWARP"
-	}
+	info := DeviceInfo{Name: C.GoString(C.ibv_get_device_name(dev)), Transport: transportName(uint32(dev.transport_type))}
 	ctx, err := C.ibv_open_device(dev)
 	if ctx == nil {
 		return info, fmt.Errorf("rdma: ibv_open_device(%s): %v", info.Name, err)

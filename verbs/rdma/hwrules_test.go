@@ -89,9 +89,15 @@ func TestQPIndexDCTNumberAfterRTR(t *testing.T) {
 	if _, ok := x.get(0x2345); !ok {
 		t.Fatal("remove of another QP dropped the DCT")
 	}
+	if l := x.list(); len(l) != 2 {
+		t.Fatalf("list: %v", l)
+	}
 	x.remove(0x2345, dct)
 	if _, ok := x.get(0x2345); ok || x.len() != 1 {
 		t.Fatal("remove kept the DCT")
+	}
+	if all := x.takeAll(); len(all) != 1 || all[0] != rc || x.len() != 0 {
+		t.Fatalf("takeAll: %v, then %d left", all, x.len())
 	}
 }
 
@@ -247,6 +253,12 @@ func TestEventOf(t *testing.T) {
 		if want.obj == eventQP && !want.ev.IsQPError() {
 			t.Errorf("%v does not count as a QP error", want.ev)
 		}
+	}
+}
+
+func TestTransportName(t *testing.T) {
+	if transportName(ibvTransportIB) != "InfiniBand" || transportName(ibvTransportIWARP) != "iWARP" {
+		t.Error("transport names")
 	}
 }
 

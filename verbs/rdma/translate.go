@@ -355,6 +355,17 @@ func linkLayerName(l uint8) string {
 	return fmt.Sprintf("link%d", l)
 }
 
+// transportName names an ibv_transport_type as DeviceInfo.Transport does.
+func transportName(t uint32) string {
+	switch t {
+	case ibvTransportIB:
+		return "InfiniBand"
+	case ibvTransportIWARP:
+		return "iWARP"
+	}
+	return fmt.Sprintf("transport%d", t)
+}
+
 // portStateName names an ibv_port_state.
 func portStateName(s uint32) string {
 	switch s {
