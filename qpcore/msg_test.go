@@ -30,17 +30,23 @@ func TestMessagesAroundThreshold(t *testing.T) {
 	forEachFabric(t, testMessagesAroundThreshold)
 }
 
-func testMessagesAroundThreshold(t *testing.T, c *cluster) {
-	const thr = qpcore.DefaultMsgThreshold
-	// No staging: every large message here is for a reader that waits
-	// (or soon will), and must arrive zero-copy.
-	a := c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
-	b := c.add(2, 0, qpcore.Config{})
-	ctx := ctxT(t, 20*time.Second)
+// receiverPair adds a receiver (gid 1, port 7 bound) and a sender (gid
+// 2). No staging: every large message of these tests is for a reader that
+// waits (or soon will), and must arrive zero-copy.
+func receiverPair(t *testing.T, c *cluster) (a, b *tnode, port *qpcore.Port) {
+	a = c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
+	b = c.add(2, 0, qpcore.Config{})
 	port, err := a.n.Bind(7)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a, b, port
+}
+
+func testMessagesAroundThreshold(t *testing.T, c *cluster) {
+	const thr = qpcore.DefaultMsgThreshold
+	a, b, port := receiverPair(t, c)
+	ctx := ctxT(t, 20*time.Second)
 	if _, err := a.n.Bind(7); !errors.Is(err, qpcore.ErrPortInUse) {
 		t.Fatalf("second bind: %v", err)
 	}
@@ -119,14 +125,9 @@ func TestRendezvousFromUnalignedBuffer(t *testing.T) {
 	checkLeaks(t)
 	forEachFabric(t, func(t *testing.T, c *cluster) {
 		const thr = qpcore.DefaultMsgThreshold
-		a := c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
-		b := c.add(2, 0, qpcore.Config{})
-		ctx := ctxT(t, 20*time.Second)
-		port, err := a.n.Bind(7)
-		if err != nil {
-			t.Fatal(err)
-		}
+		a, b, port := receiverPair(t, c)
 		defer port.Close()
+		ctx := ctxT(t, 20*time.Second)
 		for _, skew := range []int{100, 4000, 8} {
 			mem := verbs.PageAligned(2*thr + 4096)
 			msg := mem[skew : skew+thr+333]

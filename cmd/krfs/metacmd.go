@@ -20,11 +20,10 @@ import (
 
 // metaFlags are the flags of `krfs meta`.
 type metaFlags struct {
-	listen, keyFile string
-	backend, device string
-	port, gidIndex  int
-	qos             qosFlags
-	log             logFlags
+	listen, keyFile, backend string
+	rdma                     rdmaFlags
+	qos                      qosFlags
+	log                      logFlags
 }
 
 // defaultMetaListen is `krfs meta`'s softnic --listen when none is given.
@@ -45,9 +44,7 @@ func metaCmd(stderr io.Writer) *cobra.Command {
 	set.StringVar(&f.listen, "listen", "", "address of the meta service's NIC: softnic's (default "+defaultMetaListen+"), or the rdma backend's connection manager (default: the GID's IP, port 4792)")
 	set.StringVar(&f.keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it (softnic)")
 	set.StringVar(&f.backend, "backend", "softnic", "verbs backend: softnic, rdma, or auto (an RNIC if a usable one exists, else softnic); the nodes must use the same")
-	set.StringVar(&f.device, "device", "", "rdma: the RDMA device, like mlx5_0 (default: the first usable one)")
-	set.IntVar(&f.port, "port", 0, "rdma: the device's port number (0: the first active one)")
-	set.IntVar(&f.gidIndex, "gid-index", -1, "rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID, or GID 0 on InfiniBand)")
+	f.rdma.register(set)
 	f.qos.register(set)
 	f.log.register(set)
 	return cmd
@@ -71,8 +68,8 @@ func runMeta(f *metaFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	no := nic.Options{Backend: backend, Listen: f.listen, DefaultListen: defaultMetaListen, ClusterKey: key,
-		Device: f.device, Port: f.port, GIDIndex: f.gidIndex}
+	no := nic.Options{Backend: backend, Listen: f.listen, DefaultListen: defaultMetaListen, ClusterKey: key}
+	f.rdma.apply(&no)
 	f.qos.apply(&no)
 	opened, err := nic.Open(no)
 	if err != nil {

@@ -43,9 +43,7 @@ type mountFlags struct {
 	daemon      bool
 	logFile     string
 	backend     string
-	device      string
-	port        int
-	gidIndex    int
+	rdma        rdmaFlags
 	qos         qosFlags
 	options     []string // -o, mount(8) style
 	maxRegions  int
@@ -76,9 +74,7 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up (without it krfs mount stays in the foreground until unmounted or interrupted)")
 	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; /dev/null with --daemon)")
 	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma")
-	set.StringVar(&f.device, "device", "", "rdma: the RDMA device, like mlx5_0 (default: the first usable one)")
-	set.IntVar(&f.port, "port", 0, "rdma: the device's port number (0: the first active one)")
-	set.IntVar(&f.gidIndex, "gid-index", -1, "rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID, or GID 0 on InfiniBand)")
+	f.rdma.register(set)
 	f.qos.register(set)
 	set.StringArrayVarP(&f.options, "options", "o", nil, "mount options OPT[,OPT...] as mount(8) gives them: krfs flags (meta=ADDR, gid=N, allow_other...) and generic ones (see krfs mount --help)")
 	set.IntVar(&f.maxRegions, "max-regions", qpcore.DefaultMaxRegions, "regions this node may export, mem included (at most 4096)")
@@ -318,8 +314,8 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 	if f.encrypt && len(key) == 0 {
 		return nil, fmt.Errorf("%w: --encrypt needs --cluster-key-file", errUsage)
 	}
-	no := nic.Options{Backend: backend, Listen: f.listen, DefaultListen: defaultSoftnicListen, ClusterKey: key, Encrypt: f.encrypt,
-		Device: f.device, Port: f.port, GIDIndex: f.gidIndex}
+	no := nic.Options{Backend: backend, Listen: f.listen, DefaultListen: defaultSoftnicListen, ClusterKey: key, Encrypt: f.encrypt}
+	f.rdma.apply(&no)
 	f.qos.apply(&no)
 	opened, err := nic.Open(no)
 	listen := f.listen

@@ -56,16 +56,7 @@ func isQP(q verbs.QP) func(verbs.Event) bool {
 }
 
 // shortDCI makes a DCI on n in RTS whose retries run out quickly.
-func (n *node) shortDCI() verbs.QP {
-	t := n.e.t
-	t.Helper()
-	q, err := n.pd.CreateQP(verbs.QPConfig{Type: verbs.DCI, SendCQ: n.cq, Caps: verbs.QPCaps{MaxSendWR: 64, MaxInline: 64, MaxRdAtomic: 16}})
-	if err != nil {
-		t.Fatalf("CreateQP(DCI): %v", err)
-	}
-	dciUp(t, q, shortAttr)
-	return q
-}
+func (n *node) shortDCI() verbs.QP { return n.dciWith(shortAttr) }
 
 // recoverDCI brings a DCI in ERR back to RTS, as dct.Pool.Recover does.
 func (e *env) recoverDCI(q verbs.QP, a verbs.QPAttr) {

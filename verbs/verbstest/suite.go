@@ -215,14 +215,17 @@ func (n *node) dct(key uint64) (verbs.QP, verbs.SRQ) {
 var dciAttr = verbs.QPAttr{Timeout: 2 * time.Second, RetryCnt: 7, RNRRetry: 7}
 
 // dci makes a DCI on n in RTS.
-func (n *node) dci() verbs.QP {
+func (n *node) dci() verbs.QP { return n.dciWith(dciAttr) }
+
+// dciWith makes a DCI on n in RTS with the timeouts and retry counts of a.
+func (n *node) dciWith(a verbs.QPAttr) verbs.QP {
 	t := n.e.t
 	t.Helper()
 	q, err := n.pd.CreateQP(verbs.QPConfig{Type: verbs.DCI, SendCQ: n.cq, Caps: verbs.QPCaps{MaxSendWR: 256, MaxInline: 256, MaxRdAtomic: 16}})
 	if err != nil {
 		t.Fatalf("CreateQP(DCI): %v", err)
 	}
-	dciUp(t, q, dciAttr)
+	dciUp(t, q, a)
 	return q
 }
 
