@@ -249,6 +249,7 @@ var hardwareCases = []namedCase{
 				e.t.Fatalf("flushed WR %d reached the good target", 2+i)
 			}
 		}
+		good.sync() // the reads above happen before the NIC's later writes
 		e.state(dci, verbs.StateErr)
 		// The good target serves another DCI meanwhile.
 		e.post(other, verbs.SendWR{ID: 10, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: a.sge(64, 4), RemoteAddr: 900, RKey: good.mr.RKey(), Target: gt})
