@@ -94,7 +94,8 @@ type Device struct {
 	cm         cmState
 	events     eventq.Queue
 	atomics    verbs.AtomicCap
-	sendMu     sync.Mutex // guards sendOut
+	portDown   atomic.Bool // SetPortActive(false): nothing is sent or received
+	sendMu     sync.Mutex  // guards sendOut
 	sendOut    outbox
 	closeOnce  sync.Once
 	auth       *authState // packet authentication, nil without a cluster key
@@ -201,6 +202,21 @@ func (d *Device) OnEvent(fn func(verbs.Event)) (cancel func()) { return d.events
 
 // raise reports an asynchronous event; it never blocks.
 func (d *Device) raise(ev verbs.Event) { d.events.Raise(ev) }
+
+// SetPortActive brings the device's port down (false) or up (true), as
+// a cable pulled and plugged back: while it is down the device sends and
+// receives nothing (its QPs' retries run out as they would), and each
+// change raises EventPortErr or EventPortActive (port 1).
+func (d *Device) SetPortActive(active bool) {
+	if d.portDown.Swap(!active) == !active {
+		return
+	}
+	ev := verbs.EventPortActive
+	if !active {
+		ev = verbs.EventPortErr
+	}
+	d.raise(verbs.Event{Type: ev, Port: 1})
+}
 
 // MTU is the device's default path MTU.
 func (d *Device) MTU() int { return d.mtu }
@@ -579,7 +595,7 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 		h, _, err := wire.Parse(hdr)
 		d.steerHdr, d.steerLen, d.steerOK = h, plen, err == nil
 	}
-	if !d.steerOK || plen == 0 || d.auth != nil {
+	if !d.steerOK || plen == 0 || d.auth != nil || d.portDown.Load() {
 		// With a cluster key nothing lands in memory before its MAC is
 		// checked: payloads go to scratch and are copied once verified.
 		return nil
@@ -607,7 +623,7 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 // Deliver implements link.Receiver.
 func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 	defer func() { d.delivered++ }()
-	if d.isProbe(hdr, payload) {
+	if d.isProbe(hdr, payload) || d.portDown.Load() {
 		return
 	}
 	d.stats.rxPackets.Add(1)

@@ -83,8 +83,10 @@
 // source are filled with misleading values (poison); a responder RC QP
 // that refuses a request raises EventQPAccessErr or EventQPReqErr, and an
 // SRQ-attached one EventQPLastWQE, as it moves to ERR; a CQ overrun raises
-// EventCQErr and an armed SRQ limit EventSRQLimit (Device.OnEvent); with
-// Config.NoAtomics the device has no atomics and refuses them.
+// EventCQErr and an armed SRQ limit EventSRQLimit (Device.OnEvent);
+// Device.SetPortActive takes the port down and up (EventPortErr,
+// EventPortActive); with Config.NoAtomics the device has no atomics and
+// refuses them.
 //
 // # Zero copy
 //
