@@ -82,3 +82,17 @@ func TestNoAtomicsDevice(t *testing.T) {
 	}
 	noQPErrors(t, a.n, b.n)
 }
+
+// TestPortEventsCounted: the port going down and back up shows in the
+// node's statistics.
+func TestPortEventsCounted(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{})
+	a.dev.SetPortActive(false)
+	a.dev.SetPortActive(true)
+	eventually(t, "the port events are counted", func() bool {
+		s := a.n.Stats()
+		return s.PortDowns == 1 && s.PortUps == 1
+	})
+}
