@@ -58,7 +58,8 @@
 //
 // QP state machine:
 //   - RESET -> INIT -> RTR -> RTS; other moves fail with ErrTransition; any
-//     state -> ERR and -> RESET; a DCT serves in RTR and cannot reach RTS.
+//     state -> ERR and -> RESET (a DCI not RESET -> ERR); a DCT moves only
+//     RESET -> INIT -> RTR and serves there (verbs.ValidTransition).
 //   - RC QPs can be connected by hand with Modify (meta's loopback pair on
 //     one device) or by the connection manager.
 //   - Access set on a QP in INIT survives a move back to RESET and is what
