@@ -43,7 +43,7 @@ func metaCmd(stderr io.Writer) *cobra.Command {
 	set := cmd.Flags()
 	set.StringVar(&f.listen, "listen", "", "address of the meta service's NIC: softnic's (default "+defaultMetaListen+"), or the rdma backend's connection manager (default: the GID's IP, port 4792)")
 	set.StringVar(&f.keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it (softnic)")
-	set.StringVar(&f.backend, "backend", "softnic", "verbs backend: softnic, rdma, or auto (an RNIC if a usable one exists, else softnic); the nodes must use the same")
+	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma, as krfs mount; the nodes must use the same")
 	f.rdma.register(set)
 	f.qos.register(set)
 	f.log.register(set)
