@@ -40,7 +40,8 @@ type TargetConfig struct {
 	// SRQDepth is the number of receive WRs the SRQ can hold.
 	SRQDepth int
 	// Access is what requests through the DCT may do; 0 means remote
-	// read, write and atomic (each MR's own flags still apply).
+	// read and write, and atomic on a device with atomics (each MR's own
+	// flags still apply).
 	Access verbs.Access
 	// MinRNRTimer is the RNR delay asked of senders.
 	MinRNRTimer time.Duration
@@ -68,7 +69,10 @@ func NewTarget(pd verbs.PD, recvCQ verbs.CQ, cfg TargetConfig) (*Target, error) 
 		cfg.SRQDepth = DefaultSRQDepth
 	}
 	if cfg.Access == 0 {
-		cfg.Access = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+		cfg.Access = verbs.AccessRemoteRead | verbs.AccessRemoteWrite
+		if pd.Device().Attr().Atomic != verbs.AtomicNone {
+			cfg.Access |= verbs.AccessRemoteAtomic
+		}
 	}
 	if cfg.MinRNRTimer <= 0 {
 		cfg.MinRNRTimer = DefaultMinRNRTimer
@@ -98,7 +102,8 @@ func NewTarget(pd verbs.PD, recvCQ verbs.CQ, cfg TargetConfig) (*Target, error) 
 }
 
 // DCTN is the DCT's number, which peers put in their DCTarget; 0 without
-// a DCT.
+// a DCT. It is read after the DCT reached RTR (NewTarget returns only
+// then): a NIC assigns a DCT its number in the INIT->RTR transition.
 func (t *Target) DCTN() uint32 {
 	if t.qp == nil {
 		return 0

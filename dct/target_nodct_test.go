@@ -1,9 +1,12 @@
 package dct
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/softnictest"
 )
 
 // NoDCT gives a usable SRQ and publishes DCT number 0 and key 0.
@@ -33,5 +36,32 @@ func TestTargetNoDCT(t *testing.T) {
 	defer dc.Close()
 	if dc.DCTN() == 0 || dc.Key() == 0 || dc.QP() == nil {
 		t.Fatalf("DC target: DCTN %d key %#x", dc.DCTN(), dc.Key())
+	}
+}
+
+// On a device without atomics (upstream mlx5's atomic_cap NONE) the DCT
+// grants read and write only by default: asking a NIC for remote atomic
+// access there fails at INIT.
+func TestTargetWithoutAtomics(t *testing.T) {
+	dev, err := softnic.Open(softnic.Config{Link: softnictest.NewNetwork(softnictest.Config{}).NewLink(), NoAtomics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	pd, _ := dev.AllocPD()
+	cq, err := dev.CreateCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := NewTarget(pd, cq, TargetConfig{SRQDepth: 4})
+	if err != nil {
+		t.Fatalf("DC target on a device without atomics: %v", err)
+	}
+	defer tg.Close()
+	if tg.DCTN() == 0 {
+		t.Fatal("the DCT has no number in RTR")
+	}
+	if _, err := NewTarget(pd, cq, TargetConfig{SRQDepth: 4, Access: verbs.AccessRemoteAtomic}); !errors.Is(err, verbs.ErrNotSupported) {
+		t.Fatalf("a DCT asking for atomics on a device without them: %v, want ErrNotSupported", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // The filesystem's I/O buffers.
@@ -65,7 +67,10 @@ type IOBufferStats struct {
 // MaxIO (at least MaxIO).
 func NewIOBuffers(size int) *IOBuffers {
 	size = max(size/MaxIO, 1) * MaxIO
-	p := &IOBuffers{slab: make([]byte, size), held: make([]uint8, size>>ioMinShift)}
+	// Page-aligned, so that every block starts on a page too: an MR
+	// over the slab is then zero-based (verbs.MR.IOVA 0) and a block is
+	// never split across more pages than its size needs.
+	p := &IOBuffers{slab: verbs.PageAligned(size), held: make([]uint8, size>>ioMinShift)}
 	for o := range p.free {
 		p.free[o] = make([]uint64, (size>>(ioMinShift+o)+63)/64)
 	}
@@ -76,7 +81,8 @@ func NewIOBuffers(size int) *IOBuffers {
 	return p
 }
 
-// Memory is the slab, to register once with the NIC.
+// Memory is the slab, to register once with the NIC. It starts on a page
+// boundary.
 func (p *IOBuffers) Memory() []byte { return p.slab }
 
 // Stats returns the pool's figures.

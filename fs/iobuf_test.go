@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"unsafe"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // Rule: the I/O buffers never hold more than their slab. Concurrent
@@ -101,6 +103,18 @@ func TestIOBuffersBlockSizes(t *testing.T) {
 	}
 	if p.Get(0) != nil || p.Get(MaxIO+1) != nil {
 		t.Error("Get outside 1..MaxIO returned a block")
+	}
+	// The slab, and so every block, starts on a page boundary.
+	q := NewIOBuffers(2 * MaxIO)
+	if off := verbs.PageOffset(q.Memory()); off != 0 {
+		t.Errorf("the slab starts %d bytes into a page", off)
+	}
+	for _, n := range []int{1, 5000, 300 << 10} {
+		b := q.Get(n)
+		if off := verbs.PageOffset(b); off != 0 {
+			t.Errorf("a block of %d bytes starts %d bytes into a page", n, off)
+		}
+		defer q.Put(b)
 	}
 	// Rounded down to whole MaxIO blocks, at least one.
 	if n := len(NewIOBuffers(MaxIO + 4096).Memory()); n != MaxIO {

@@ -696,8 +696,10 @@ func TestTableAccess(t *testing.T) {
 	if err := cn.qp.PostSend([]verbs.SendWR{{Op: verbs.OpWrite, Flags: verbs.Signaled | verbs.Inline, InlineData: []byte("evil"), RemoteAddr: slotOffset(0), RKey: boot.TableRKey}}); err != nil {
 		t.Fatal(err)
 	}
-	var wcs [1]verbs.WC
-	for wcs[0].Op != verbs.OpWrite { // skip the receives the error flushes
+	// Skip the receives the error flushes: an error completion has no
+	// opcode, its ID says what it completes.
+	wcs := [1]verbs.WC{{ID: recvBit}}
+	for wcs[0].ID&recvBit != 0 {
 		if err := cn.cq.Wait(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -794,4 +796,45 @@ func TestMovesUnderLookups(t *testing.T) {
 		t.Fatalf("no entry was moved: %+v", st)
 	}
 	t.Logf("%d lookups during %d moves", lookups.Load(), srv.Stats().Moves)
+}
+
+// TestOversizedMessageRepostsItsBuffer: a message longer than the
+// server's receive buffers completes in error (a local length error at
+// the server, whose QP to that client moves to ERR). An error completion
+// has no opcode: the server tells it is a receive by its ID, counts it as
+// malformed and posts the buffer again. Sending more of them than the
+// server has buffers leaves it serving.
+func TestOversizedMessageRepostsItsBuffer(t *testing.T) {
+	checkLeaks(t)
+	f := fakeFabric(t)
+	ctx := ctxT(t)
+	const depth = 4
+	srv := startServer(t, f.device(), ServerConfig{Slots: 64, RecvDepth: depth})
+	c := startClient(t, f.device(), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}})
+	big := make([]byte, MaxMessage+64)
+	mr, err := c.pd.RegMR(big, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mr.Dereg()
+	for i := range 2 * depth {
+		cn, err := c.dial(ctx, srv.Addr(), uint64(100+i))
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		if err := cn.qp.PostSend([]verbs.SendWR{{Op: verbs.OpSend, Local: verbs.SGE{MR: mr, Length: uint32(len(big))}}}); err != nil {
+			t.Fatal(err)
+		}
+		want := uint64(i + 1)
+		waitFor(t, 5*time.Second, "malformed count", func() bool { return srv.Stats().Malformed == want })
+		cn.kill()
+		cn.unref()
+	}
+	// Every buffer came back: the server still answers.
+	if _, err := rawRegister(ctx, c, testNode(4, 4), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.LookupRPC(ctx, 4); err != nil || n != testNode(4, 4) {
+		t.Fatalf("after oversized messages: %+v %v", n, err)
+	}
 }

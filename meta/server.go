@@ -317,7 +317,10 @@ func (s *Server) setup() error {
 	}
 	// The table: header now, slots all free (zero). Written before the
 	// MR is registered; from then on only the NIC touches it.
-	s.table = make([]byte, s.geom.bytes()+s.geom.mapBytes()) // then the membership map
+	// Page-aligned: clients READ the table at offsets, so its MRs must be
+	// zero-based (verbs.MR.IOVA 0), which a NIC allows only for memory
+	// that starts on a page boundary.
+	s.table = verbs.PageAligned(s.geom.bytes() + s.geom.mapBytes()) // then the membership map
 	s.liveMap = make([]uint64, s.geom.mapWords())
 	putHeader(s.table, tableHeader{geom: s.geom, epoch: now, serverInc: inc})
 	if s.tableRO, err = s.pd.RegMR(s.table, verbs.AccessRemoteRead); err != nil {
@@ -427,8 +430,10 @@ func (s *Server) setupLoop() error {
 	return nil
 }
 
+// recvWR is receive buffer i's WR. Its ID carries recvBit: an error
+// completion has no opcode, so the ID is what tells a receive from a send.
 func (s *Server) recvWR(i int) verbs.RecvWR {
-	return verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: s.recvMR, Offset: uint64(i * MaxMessage), Length: MaxMessage}}
+	return verbs.RecvWR{ID: recvBit | uint64(i), Local: verbs.SGE{MR: s.recvMR, Offset: uint64(i * MaxMessage), Length: MaxMessage}}
 }
 
 // accept runs on the device's receive path for each connection request.
@@ -600,7 +605,7 @@ func (s *Server) handleWCs(wcs []verbs.WC) {
 	for i := range wcs {
 		wc := &wcs[i]
 		switch {
-		case wc.Op == verbs.OpRecv:
+		case wc.ID&recvBit != 0:
 			s.onMessage(wc, now, &wb)
 		case s.isLoop(wc.QPN):
 			s.onTableWritten(wc)
@@ -620,7 +625,7 @@ func (s *Server) handleWCs(wcs []verbs.WC) {
 // onMessage handles one received message. Replies that must wait until
 // the table shows the change are attached to wb.
 func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
-	buf := int(wc.ID)
+	buf := int(wc.ID &^ recvBit)
 	s.reposts = append(s.reposts, s.recvWR(buf))
 	if wc.Status != verbs.StatusSuccess {
 		if wc.Status != verbs.StatusWRFlushErr {

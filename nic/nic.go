@@ -9,12 +9,16 @@
 //
 // # Choosing
 //
-//   - softnic: always available; Listen is its UDP address.
+//   - softnic: always available; Listen is its UDP address (empty:
+//     DefaultListen, else 127.0.0.1:0).
 //   - rdma: the RNIC named by Device, Port and GIDIndex (defaults: the
-//     first usable port, its RoCEv2 IPv4 GID or IB GID 0). Listen, if set,
-//     is the address of the backend's connection manager. Fails at once,
-//     with a message saying why, when the binary has no rdma support or
-//     the machine has no usable RNIC.
+//     first usable port, its RoCEv2 IPv4 GID or IB GID 0). Listen is the
+//     address of the backend's connection manager, the device's address
+//     for peers: empty means the GID's IP at rdma.DefaultCMPort (4792);
+//     UDP port 4791 is RoCEv2's and refused. TrafficClass, SL and
+//     HopLimit set the QoS of its QPs. Fails at once, with a message
+//     saying why, when the binary has no rdma support or the machine has
+//     no usable RNIC.
 //   - auto: rdma when a usable RNIC exists, else softnic; Opened.Reason
 //     says which and why, for the log.
 //
@@ -59,8 +63,14 @@ func ParseBackend(s string) (Backend, error) {
 type Options struct {
 	Backend Backend
 	// Listen is softnic's UDP address ("host:port"), or the rdma
-	// backend's connection-manager address (empty: derived from the GID).
+	// backend's connection-manager address (empty: the GID's IP at
+	// rdma.DefaultCMPort).
 	Listen string
+	// DefaultListen is softnic's address when Listen is empty (empty:
+	// 127.0.0.1:0, a free port). The rdma backend ignores it: a softnic
+	// default such as 127.0.0.1:4791 is unreachable for peers and 4791
+	// is RoCEv2's own port.
+	DefaultListen string
 	// ClusterKey authenticates softnic packets (see softnic.Config).
 	ClusterKey []byte
 	// Encrypt also encrypts softnic payloads (AES-256-GCM); it needs a
@@ -71,6 +81,9 @@ type Options struct {
 	Device   string
 	Port     int
 	GIDIndex int
+	// TrafficClass, SL and HopLimit are the rdma backend's QoS (see
+	// rdma.QoS); softnic ignores them.
+	TrafficClass, SL, HopLimit int
 }
 
 // Opened is an open device and what was chosen.
@@ -141,6 +154,9 @@ func rdmaUsable(o Options) (string, bool) {
 func openSoftnic(o Options, reason string) (*Opened, error) {
 	listen := o.Listen
 	if listen == "" {
+		listen = o.DefaultListen
+	}
+	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
 	dev, err := softnic.OpenUDPAuth(listen, o.ClusterKey, o.Encrypt)
@@ -157,7 +173,8 @@ func openRDMA(o Options) (*Opened, error) {
 	if why, ok := rdmaUsable(o); !ok {
 		return nil, fmt.Errorf("%w: %s", ErrRDMAUnavailable, why)
 	}
-	dev, err := rdma.Open(rdma.Config{Device: o.Device, Port: o.Port, GIDIndex: o.GIDIndex, CMAddr: o.Listen})
+	dev, err := rdma.Open(rdma.Config{Device: o.Device, Port: o.Port, GIDIndex: o.GIDIndex, CMAddr: o.Listen,
+		QoS: rdma.QoS{TrafficClass: o.TrafficClass, SL: o.SL, HopLimit: o.HopLimit}})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrRDMAUnavailable, err)
 	}

@@ -110,3 +110,20 @@ func TestReachable(t *testing.T) {
 		t.Error("different transports were found reachable")
 	}
 }
+
+// Listen empty: softnic opens DefaultListen (krfs mount's 127.0.0.1:4791),
+// else a free port on loopback.
+func TestSoftnicDefaultListen(t *testing.T) {
+	leaktest.Check(t)
+	o, err := Open(Options{Backend: Softnic, DefaultListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Dev.Close()
+	if a := o.Dev.Addr(); a.Addr().String() != "127.0.0.1" || a.Port() == 0 {
+		t.Fatalf("softnic with DefaultListen opened at %v", a)
+	}
+	if _, err := Open(Options{Backend: Softnic, DefaultListen: "not an address"}); err == nil {
+		t.Fatal("a bad default address was accepted")
+	}
+}

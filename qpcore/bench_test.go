@@ -286,7 +286,7 @@ func BenchmarkQPCoreConnectWarm(b *testing.B) {
 func memPair(tb testing.TB) (v *qpcore.VQP, done func()) {
 	res := newResolver(clock.System{})
 	a, p, stop := benchNodes(tb, res, res.set)
-	if _, err := p.Export("mem", make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
+	if _, err := p.Export("mem", verbs.PageAligned(4096), verbs.AccessRemoteRead); err != nil {
 		stop()
 		tb.Fatal(err)
 	}
@@ -728,7 +728,7 @@ func meshNodes(b *testing.B, N int, res *mapResolver, cfg qpcore.Config, svc uin
 		if err != nil {
 			b.Fatal(err)
 		}
-		mem := make([]byte, 4096)
+		mem := verbs.PageAligned(4096)
 		binary.LittleEndian.PutUint32(mem, c.GID)
 		if _, err := n.Export("mem", mem, verbs.AccessRemoteRead); err != nil {
 			b.Fatal(err)

@@ -25,7 +25,7 @@ func TestColdPeerDefaultRegionNoDirectoryRead(t *testing.T) {
 		a := c.add(1, 0, qpcore.Config{})
 		b := c.add(2, 4096, qpcore.Config{})
 		copy(b.mem, "hint-ok!")
-		if _, err := b.n.Export("other", make([]byte, 64), fullAccess); err != nil {
+		if _, err := b.n.Export("other", verbs.PageAligned(64), fullAccess); err != nil {
 			t.Fatal(err)
 		}
 		c.res.set(b.n.Info())
@@ -70,7 +70,7 @@ func TestStaleDefaultRegionHint(t *testing.T) {
 	if err := b.n.Unexport("mem"); err != nil {
 		t.Fatal(err)
 	}
-	mem := make([]byte, 128)
+	mem := verbs.PageAligned(128)
 	copy(mem, "regrown!")
 	if _, err := b.n.Export("mem", mem, fullAccess); err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func BenchmarkQPCoreColdRead(b *testing.B) {
 	res := newReadResolver(b, 4)
 	a, peer, done := benchNodes(b, res, res.set)
 	defer done()
-	if _, err := peer.Export("mem", make([]byte, 4096), fullAccess); err != nil {
+	if _, err := peer.Export("mem", verbs.PageAligned(4096), fullAccess); err != nil {
 		b.Fatal(err)
 	}
 	res.set(peer.Info())

@@ -61,7 +61,10 @@
 // # Regions and the region directory
 //
 // Export registers a buffer and lists it, by name, in the node's region
-// directory: a registered, remotely readable block (DirLen(MaxRegions)
+// directory. The buffer must start on a page boundary (ErrUnaligned):
+// peers address a region by offsets, and a NIC registers memory at its
+// page offset (verbs.MR.IOVA), so only then is its MR zero-based. The
+// directory is a registered, remotely readable, page-aligned block (DirLen(MaxRegions)
 // bytes, 4 KiB by default) of fixed-size records — name of up to 32 bytes,
 // rkey, length, access flags, owner and mode bits for the filesystem, and
 // a seqlock per record (see regdir.go for the layout). Peers read it with
@@ -131,7 +134,9 @@
 // connection fails the queued operations (ErrPeerUnreachable).
 //
 // The passive side keeps at most 4*RCCap accepted QPs, reclaiming those
-// idle for 2*RCIdle: a node reached over RC by more initiators than that
+// idle for 2*RCIdle, and destroying at once one the device reports in ERR
+// (a peer's bad request moves a responder QP to ERR with no completion on
+// this side; see events.go): a node reached over RC by more initiators than that
 // within 2*RCIdle refuses the next ones, whose operations fail. Size RCCap
 // for the number of peers a node talks to at once. Memory: on softnic one
 // RC connection costs about 9 KiB of heap (4.4 KiB for the active QP,

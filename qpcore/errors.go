@@ -67,6 +67,10 @@ var (
 	ErrExists     = newError("region already exported", syscall.EEXIST)
 	ErrNoSpace    = newError("region directory full", syscall.ENOSPC)
 	ErrNotPresent = newError("no such exported region", syscall.ENOENT)
+	// ErrUnaligned: a region must start on a page boundary (verbs.PageSize)
+	// so that its MR is zero-based and peers address it by offsets (an
+	// RNIC registers other memory only at a non-zero IOVA).
+	ErrUnaligned = newError("region does not start on a page boundary (allocate it with verbs.PageAligned or mmap)", syscall.EINVAL)
 )
 
 // Errors of messaging.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 )
 
 // TestFreshSizeFromHint: an open of a cold peer's default region is sized
@@ -16,7 +17,7 @@ func TestFreshSizeFromHint(t *testing.T) {
 	forEachFabric(t, func(t *testing.T, c *cluster) {
 		a := c.add(1, 0, qpcore.Config{})
 		b := c.add(2, 4096, qpcore.Config{})
-		if _, err := b.n.Export("other", make([]byte, 192), fullAccess); err != nil {
+		if _, err := b.n.Export("other", verbs.PageAligned(192), fullAccess); err != nil {
 			t.Fatal(err)
 		}
 		c.res.set(b.n.Info())

@@ -98,6 +98,9 @@ type cluster struct {
 	clock clock.Clock              // clk, or the system clock
 	res   *mapResolver
 	nodes map[uint32]*tnode
+	// noAtomics opens the devices of nodes added from now on without
+	// atomics (softnic.Config.NoAtomics; fake fabric only).
+	noAtomics bool
 }
 
 var fabricKinds = []string{"fake", "udp"}
@@ -222,7 +225,7 @@ func (c *cluster) device(addr string) (*softnic.Device, error) {
 			return nil, err
 		}
 	}
-	return softnic.Open(softnic.Config{Link: l, Clock: c.clk})
+	return softnic.Open(softnic.Config{Link: l, Clock: c.clk, NoAtomics: c.noAtomics})
 }
 
 func (c *cluster) addAt(gid uint32, addr string, memSize int, cfg qpcore.Config) *tnode {
@@ -241,7 +244,7 @@ func (c *cluster) addAt(gid uint32, addr string, memSize int, cfg qpcore.Config)
 	}
 	tn := &tnode{t: t, gid: gid, addr: dev.Addr().String(), dev: dev, n: n}
 	if memSize > 0 {
-		tn.mem = make([]byte, memSize)
+		tn.mem = verbs.PageAligned(memSize)
 		if _, err := n.Export("mem", tn.mem, verbs.AccessRemoteRead|verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic); err != nil {
 			t.Fatal(err)
 		}

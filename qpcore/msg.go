@@ -56,12 +56,17 @@ import (
 // (EAGAIN). A rendezvous whose sender gave up (timed out and
 // deregistered its buffer) is skipped by the reader, counted as dropped.
 //
-// Header (40 bytes, little endian): magic u16, kind u8, status u8, port
-// u32, source gid u32, rkey u32, length u64, token u64, incarnation u64.
+// Header (48 bytes, little endian): magic u16, kind u8, status u8, port
+// u32, source gid u32, rkey u32, length u64, token u64, incarnation u64,
+// raddr u64. An RTS's rkey and raddr name the message: raddr is the
+// remote address of its first byte, its MR's IOVA (the caller's buffer
+// need not start on a page boundary, so its MR is not zero-based; see
+// verbs.MR.IOVA). The magic changed with raddr: a node of a release
+// before it is refused as malformed, never misread.
 
 const (
-	msgMagic  = 0x4d4b
-	msgHdrLen = 40
+	msgMagic  = 0x4d4c
+	msgHdrLen = 48
 
 	msgData = 1
 	msgRTS  = 2
@@ -83,6 +88,7 @@ type msgHdr struct {
 	length       uint64
 	token        uint64
 	inc          uint64
+	raddr        uint64 // an RTS's message: the remote address of its first byte
 }
 
 func (h *msgHdr) put(b []byte) {
@@ -94,6 +100,7 @@ func (h *msgHdr) put(b []byte) {
 	binary.LittleEndian.PutUint64(b[16:], h.length)
 	binary.LittleEndian.PutUint64(b[24:], h.token)
 	binary.LittleEndian.PutUint64(b[32:], h.inc)
+	binary.LittleEndian.PutUint64(b[40:], h.raddr)
 }
 
 func parseMsgHdr(b []byte) (msgHdr, bool) {
@@ -103,7 +110,7 @@ func parseMsgHdr(b []byte) (msgHdr, bool) {
 	h := msgHdr{kind: b[2], status: b[3], port: binary.LittleEndian.Uint32(b[4:]),
 		src: binary.LittleEndian.Uint32(b[8:]), rkey: binary.LittleEndian.Uint32(b[12:]),
 		length: binary.LittleEndian.Uint64(b[16:]), token: binary.LittleEndian.Uint64(b[24:]),
-		inc: binary.LittleEndian.Uint64(b[32:])}
+		inc: binary.LittleEndian.Uint64(b[32:]), raddr: binary.LittleEndian.Uint64(b[40:])}
 	return h, h.kind >= msgData && h.kind <= msgFIN
 }
 
@@ -276,6 +283,7 @@ type inMsg struct {
 	n     int
 	buf   int
 	rkey  uint32
+	raddr uint64 // where the READ of a rendezvous message starts
 	token uint64
 	st    *stage // a large message pulled ahead of its reader
 }
@@ -523,7 +531,7 @@ func (n *Node) onRecv(wc *verbs.WC) {
 		}
 		return
 	}
-	im := inMsg{kind: h.kind, from: h.src, n: int(h.length), buf: i, rkey: h.rkey, token: h.token}
+	im := inMsg{kind: h.kind, from: h.src, n: int(h.length), buf: i, rkey: h.rkey, raddr: h.raddr, token: h.token}
 	if h.kind == msgRTS {
 		m.repost(i)
 		im.buf = -1
@@ -586,7 +594,7 @@ func (n *Node) Send(ctx context.Context, gid uint32, port uint32, msg []byte) er
 			return fmt.Errorf("qpcore: exposing a message: %w", err)
 		}
 		defer mr.Dereg()
-		h.kind, h.rkey = msgRTS, mr.RKey()
+		h.kind, h.rkey, h.raddr = msgRTS, mr.RKey(), mr.IOVA()
 	}
 	ch := make(chan uint8, 2)
 	n.msg.mu.Lock()
@@ -704,7 +712,7 @@ func (n *Node) pull(ctx context.Context, im *inMsg, dst []byte) error {
 	}
 	o := newOp()
 	o.v, o.p, o.code, o.sys = p.sys, p, opRawRead, true
-	o.local, o.mem, o.lmr, o.loff, o.rkey = dst, me, me.mr, off, im.rkey
+	o.local, o.mem, o.lmr, o.loff, o.rkey, o.off = dst, me, me.mr, off, im.rkey, im.raddr
 	o.done = make(chan struct{}, 1)
 	if err := n.postSys(p, o); err != nil {
 		n.mem.put(me)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 )
 
 func pattern(n, seed int) []byte {
@@ -29,17 +30,23 @@ func TestMessagesAroundThreshold(t *testing.T) {
 	forEachFabric(t, testMessagesAroundThreshold)
 }
 
-func testMessagesAroundThreshold(t *testing.T, c *cluster) {
-	const thr = qpcore.DefaultMsgThreshold
-	// No staging: every large message here is for a reader that waits
-	// (or soon will), and must arrive zero-copy.
-	a := c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
-	b := c.add(2, 0, qpcore.Config{})
-	ctx := ctxT(t, 20*time.Second)
+// receiverPair adds a receiver (gid 1, port 7 bound) and a sender (gid
+// 2). No staging: every large message of these tests is for a reader that
+// waits (or soon will), and must arrive zero-copy.
+func receiverPair(t *testing.T, c *cluster) (a, b *tnode, port *qpcore.Port) {
+	a = c.add(1, 0, qpcore.Config{MsgStageAfter: time.Hour})
+	b = c.add(2, 0, qpcore.Config{})
 	port, err := a.n.Bind(7)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a, b, port
+}
+
+func testMessagesAroundThreshold(t *testing.T, c *cluster) {
+	const thr = qpcore.DefaultMsgThreshold
+	a, b, port := receiverPair(t, c)
+	ctx := ctxT(t, 20*time.Second)
 	if _, err := a.n.Bind(7); !errors.Is(err, qpcore.ErrPortInUse) {
 		t.Fatalf("second bind: %v", err)
 	}
@@ -107,6 +114,40 @@ func testMessagesAroundThreshold(t *testing.T, c *cluster) {
 		t.Fatalf("recv on a closed port: %v", err)
 	}
 	noQPErrors(t, a.n, b.n)
+}
+
+// TestRendezvousFromUnalignedBuffer: a large message whose buffer does
+// not start on a page boundary (a sub-slice of the caller's memory) is
+// exposed by an MR at a non-zero IOVA, as a NIC requires; the RTS
+// carries that address and the receiver READs from it (a READ at
+// address 0, a zero-based reading of the MR, misses).
+func TestRendezvousFromUnalignedBuffer(t *testing.T) {
+	checkLeaks(t)
+	forEachFabric(t, func(t *testing.T, c *cluster) {
+		const thr = qpcore.DefaultMsgThreshold
+		a, b, port := receiverPair(t, c)
+		defer port.Close()
+		ctx := ctxT(t, 20*time.Second)
+		for _, skew := range []int{100, 4000, 8} {
+			mem := verbs.PageAligned(2*thr + 4096)
+			msg := mem[skew : skew+thr+333]
+			copy(msg, pattern(len(msg), skew))
+			errc := make(chan error, 1)
+			go func() { errc <- b.n.Send(ctx, 1, 7, msg) }()
+			dst := make([]byte, len(msg))
+			m, err := port.Recv(ctx, dst)
+			if err != nil || m.Len != len(msg) || !m.ZeroCopy {
+				t.Fatalf("message %d bytes into a page: %+v %v", skew, m, err)
+			}
+			if !bytes.Equal(dst, pattern(len(msg), skew)) {
+				t.Fatalf("message %d bytes into a page corrupted", skew)
+			}
+			if err := <-errc; err != nil {
+				t.Fatalf("send from %d bytes into a page: %v", skew, err)
+			}
+		}
+		noQPErrors(t, a.n, b.n)
+	})
 }
 
 // More messages than posted receive buffers: senders meet RNR NAKs and

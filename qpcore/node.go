@@ -68,6 +68,8 @@ type Node struct {
 	wcs    [64]verbs.WC
 	rwcs   [64]verbs.WC // used by the dispatcher goroutine only
 
+	stopEvents func() // unsubscribes onEvent
+
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	stop   chan struct{}
@@ -156,6 +158,7 @@ func NewNode(dev verbs.Device, res Resolver, cfg Config) (*Node, error) {
 	if err = dev.ListenRC(rcService, n.accept); err != nil {
 		return nil, fmt.Errorf("qpcore: RC listener: %w", err)
 	}
+	n.stopEvents = dev.OnEvent(n.onEvent)
 	ok = true
 	n.wg.Add(1)
 	go n.run()
@@ -198,8 +201,10 @@ func (n *Node) Config() Config { return n.cfg }
 
 // Export registers buf as a region peers can reach under name with the
 // given remote access (verbs.AccessRemoteRead, ...Write, ...Atomic), and
-// lists it in the region directory. The caller keeps buf and must call
-// SyncMemory-style barriers of its device as usual.
+// lists it in the region directory. buf must start on a page boundary
+// (ErrUnaligned otherwise: verbs.PageAligned, mmap): peers address a
+// region by offsets, which its MR allows only then. The caller keeps buf
+// and must call SyncMemory-style barriers of its device as usual.
 func (n *Node) Export(name string, buf []byte, access verbs.Access) (Region, error) {
 	return n.dir.export(name, buf, access, 0o600, 0, 0)
 }
@@ -249,6 +254,7 @@ func (n *Node) Close() error {
 		peers = append(peers, p)
 	}
 	n.mu.Unlock()
+	n.stopEvents()
 	n.cancel()
 	close(n.stop)
 	for _, p := range peers {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 )
 
 // TestFreshRegionOwnerHint: a cold peer's default region is described in
@@ -130,7 +131,7 @@ func TestFreshSizeDefaultRegionAnyAge(t *testing.T) {
 	c := newCluster(t)
 	a := c.add(1, 0, qpcore.Config{})
 	b := c.add(2, 4096, qpcore.Config{})
-	if _, err := b.n.Export("other", make([]byte, 192), fullAccess); err != nil {
+	if _, err := b.n.Export("other", verbs.PageAligned(192), fullAccess); err != nil {
 		t.Fatal(err)
 	}
 	v := mustConnect(t, a.n, 2)
@@ -160,7 +161,7 @@ func TestFreshSizeDefaultRegionAnyAge(t *testing.T) {
 	if err := b.n.Unexport(qpcore.DefaultRegion); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.n.Export(qpcore.DefaultRegion, make([]byte, 8192), fullAccess); err != nil {
+	if _, err := b.n.Export(qpcore.DefaultRegion, verbs.PageAligned(8192), fullAccess); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 8)

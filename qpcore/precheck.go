@@ -47,6 +47,10 @@ func (n *Node) precheckLocked(ctx context.Context, p *peer, v *VQP, wr *WR) erro
 		}
 	case OpCompareAndSwap, OpFetchAdd:
 		length = verbs.AtomicSize
+		if n.dev.Attr().Atomic == verbs.AtomicNone {
+			// The NIC would refuse it at post (verbs.ErrNotSupported).
+			return fmt.Errorf("%w: %v: this node's NIC has no atomics", ErrOpcode, wr.Op)
+		}
 		if wr.Offset%verbs.AtomicSize != 0 {
 			return fmt.Errorf("%w: offset %d", ErrAlign, wr.Offset)
 		}

@@ -21,7 +21,7 @@ func TestPrecheckCases(t *testing.T) {
 	c := newCluster(t)
 	a := c.add(1, 0, qpcore.Config{VQPDepth: 4, DCIDepth: 2})
 	b := c.add(2, 4096, peerCfg)
-	if _, err := b.n.Export("ro", make([]byte, 1024), verbs.AccessRemoteRead); err != nil {
+	if _, err := b.n.Export("ro", verbs.PageAligned(1024), verbs.AccessRemoteRead); err != nil {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 10*time.Second)
@@ -151,7 +151,7 @@ func testIsolation(t *testing.T, rc bool) {
 	const rounds = 5
 	victims := make([][]byte, rounds)
 	for r := range victims {
-		victims[r] = make([]byte, 4096)
+		victims[r] = verbs.PageAligned(4096)
 		if _, err := b.n.Export(fmt.Sprintf("victim%d", r), victims[r], verbs.AccessRemoteWrite); err != nil {
 			t.Fatal(err)
 		}

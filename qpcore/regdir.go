@@ -103,7 +103,9 @@ type regionDir struct {
 }
 
 func newRegionDir(pd verbs.PD, capacity int, incarnation uint64, sync func()) (*regionDir, error) {
-	d := &regionDir{pd: pd, sync: sync, buf: make([]byte, DirLen(capacity)),
+	// Page-aligned: peers READ the directory at offsets, so its MR must
+	// be zero-based (verbs.MR.IOVA).
+	d := &regionDir{pd: pd, sync: sync, buf: verbs.PageAligned(DirLen(capacity)),
 		byName: make(map[string]*exported), slots: make([]*exported, capacity)}
 	binary.LittleEndian.PutUint32(d.buf[0:], dirMagic)
 	binary.LittleEndian.PutUint16(d.buf[4:], dirRecordLen)
@@ -128,6 +130,9 @@ func (d *regionDir) export(name string, buf []byte, access verbs.Access, mode, u
 	}
 	if len(buf) == 0 {
 		return Region{}, ErrLocalLength
+	}
+	if verbs.PageOffset(buf) != 0 {
+		return Region{}, fmt.Errorf("%w: %q starts %d bytes into a page", ErrUnaligned, name, verbs.PageOffset(buf))
 	}
 	access &= verbs.AccessAll
 	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 {

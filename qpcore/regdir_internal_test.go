@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,20 +57,25 @@ func TestDirectoryFormat(t *testing.T) {
 		t.Fatalf("DirLen %d", got)
 	}
 	for _, bad := range []string{"", strings.Repeat("x", 33), "a/b", "nul\x00"} {
-		if _, err := n.Export(bad, make([]byte, 8), verbs.AccessRemoteRead); !errors.Is(err, ErrBadName) {
+		if _, err := n.Export(bad, verbs.PageAligned(8), verbs.AccessRemoteRead); !errors.Is(err, ErrBadName) {
 			t.Errorf("name %q: %v", bad, err)
 		}
 	}
+	// Peers address a region by offsets: its MR must be zero-based, which
+	// a NIC allows only for memory starting on a page boundary.
+	if _, err := n.Export("skewed", verbs.PageAligned(200)[8:], verbs.AccessRemoteRead); !errors.Is(err, ErrUnaligned) || !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("a region 8 bytes into a page: %v, want ErrUnaligned", err)
+	}
 	name32 := strings.Repeat("n", 32)
 	for _, name := range []string{"a", "b", name32} {
-		if _, err := n.Export(name, make([]byte, 100), verbs.AccessRemoteRead|verbs.AccessRemoteWrite); err != nil {
+		if _, err := n.Export(name, verbs.PageAligned(100), verbs.AccessRemoteRead|verbs.AccessRemoteWrite); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := n.Export("a", make([]byte, 8), verbs.AccessRemoteRead); !errors.Is(err, ErrExists) {
+	if _, err := n.Export("a", verbs.PageAligned(8), verbs.AccessRemoteRead); !errors.Is(err, ErrExists) {
 		t.Fatalf("duplicate: %v", err)
 	}
-	if _, err := n.Export("d", make([]byte, 8), verbs.AccessRemoteRead); !errors.Is(err, ErrNoSpace) {
+	if _, err := n.Export("d", verbs.PageAligned(8), verbs.AccessRemoteRead); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("full: %v", err)
 	}
 	if err := n.Unexport("zz"); !errors.Is(err, ErrNotPresent) {
@@ -123,7 +129,7 @@ func dirPair(t *testing.T, cfg Config, names ...string) (a, b *Node, v *VQP, ctx
 	ns, _ := testNodes(t, 2, cfg)
 	a, b = ns[0], ns[1]
 	for _, name := range names {
-		if _, err := b.Export(name, make([]byte, 4096), verbs.AccessRemoteRead); err != nil {
+		if _, err := b.Export(name, verbs.PageAligned(4096), verbs.AccessRemoteRead); err != nil {
 			t.Fatal(err)
 		}
 	}

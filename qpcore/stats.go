@@ -27,6 +27,8 @@ type counters struct {
 	rcFallbacks, rcErrors, rcAccepted, rcReclaimed     atomic.Uint64
 	rcSlotWaits                                        atomic.Uint64
 
+	rcPassiveErrors, qpEvents, cqErrors, srqLimits, portDowns, portUps atomic.Uint64
+
 	dirReads, dirTorn, dirHints atomic.Uint64
 
 	msgSent, msgRecv, msgRendezvous, msgDropped, msgMalformed    atomic.Uint64
@@ -104,6 +106,12 @@ type Stats struct {
 	// pool full with no idle QP to reclaim and waited for a slot.
 	RCSlotWaits uint64
 
+	// Asynchronous events of the device: passive RC QPs it reported in
+	// ERR (destroyed at once), error events on this node's other QPs,
+	// overruns of its CQs, its SRQ's limit reached, the port going down
+	// and coming back.
+	RCPassiveErrors, QPEvents, CQErrors, SRQLimits, PortDowns, PortUps uint64
+
 	// Region directory READs, torn reads repeated, and pre-checks of the
 	// default region answered by the meta entry's hint (no directory READ).
 	DirReads, DirTorn, DirHints uint64
@@ -161,6 +169,8 @@ func (n *Node) Stats() Stats {
 		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(), RCSlotWaits: c.rcSlotWaits.Load(),
 		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
 		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
+		RCPassiveErrors: c.rcPassiveErrors.Load(), QPEvents: c.qpEvents.Load(), CQErrors: c.cqErrors.Load(),
+		SRQLimits: c.srqLimits.Load(), PortDowns: c.portDowns.Load(), PortUps: c.portUps.Load(),
 		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(), DirHints: c.dirHints.Load(),
 		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
 		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),

@@ -264,7 +264,7 @@ func vethResponder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	if _, err := n.Export("mem", make([]byte, 1<<20), verbs.AccessRemoteRead); err != nil {
+	if _, err := n.Export("mem", verbs.PageAligned(1<<20), verbs.AccessRemoteRead); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := baseline.StartRemoteServer(a, 0, 0, 1<<20)

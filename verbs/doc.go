@@ -9,11 +9,24 @@
 //
 // # Addressing
 //
-// Memory regions are zero-based: a WR names remote memory by (rkey, offset
-// within that MR), and local memory by an SGE (MR, offset, length). This is
-// IBV_ACCESS_ZERO_BASED in ibverbs terms. A device is addressed by the UDP
-// address it is opened on (its GID analogue), a QP by its 24-bit QPN on that
-// device.
+// A WR names local memory by an SGE (MR, offset in MR.Buf, length) and
+// remote memory by (rkey, address), where MR.Buf()[i] is at address
+// MR.IOVA()+i. RegMR registers a buffer at the IOVA the kernel allows:
+// its offset in its page (PageOffset), because ib_uverbs_reg_mr refuses an
+// IOVA that differs from the buffer's address within the page. A
+// page-aligned buffer's MR is therefore zero-based (IOVA 0) and peers
+// address it by offsets alone; any other buffer's MR starts at a small
+// non-zero IOVA, which its owner must publish beside the rkey.
+//
+// krfs allocates every buffer it publishes by rkey alone page-aligned
+// (PageAligned: the region directory, exported regions, the meta service's
+// table) and publishes the IOVA where it exposes memory it did not
+// allocate (a rendezvous message's buffer). Local-only MRs may start
+// anywhere: SGE offsets are relative to Buf whatever the IOVA.
+//
+// A device is addressed by the address its peers reach it at (Device.Addr:
+// softnic's UDP socket, the rdma backend's connection manager), a QP by
+// its 24-bit QPN on that device.
 //
 // # QP lifecycle
 //
@@ -25,8 +38,18 @@
 // (Device.ListenRC / Device.ConnectRC), which exchanges QPNs and start PSNs
 // over the device's control path, like rdma_cm. They can also be moved
 // manually with QP.Modify. A DCI needs no peer: RESET -> INIT -> RTR -> RTS,
-// and every WR names its target (DCTarget). A DCT serves as a target once in
-// RTR; its receive side is an SRQ.
+// and every WR names its target (DCTarget); it cannot go from RESET to
+// ERR. A DCT moves RESET -> INIT -> RTR and nowhere else (it is destroyed,
+// never moved to ERR or back to RESET); it serves as a target in RTR, its
+// receive side is an SRQ, and its number (QPN) exists only from RTR on:
+// read it after the transition (ValidTransition has the whole table).
+//
+// # Capabilities
+//
+// Device.Attr says what a device supports. Without atomics (AtomicNone)
+// CMP_SWAP and FETCH_ADD are refused at post and remote atomic access at
+// INIT, both with ErrNotSupported; AtomicHCA atomics are not atomic with
+// the CPU's own accesses to the same word.
 //
 // # Errors
 //
@@ -40,5 +63,21 @@
 // bounds, permissions), a remote invalid request (misaligned atomic, unknown
 // DCT, wrong DC key), retry or RNR retry exhaustion. Each moves the QP to ERR,
 // and every outstanding WR then completes with StatusWRFlushErr. Error
-// completions are generated even for unsignaled WRs.
+// completions are generated even for unsignaled WRs. Of an error
+// completion only ID, Status, Reason, QPN and VendorErr are defined (see
+// WC).
+//
+// The responder suffers too: an RC QP that refuses a request (remote
+// access error, invalid request) moves to ERR as well, without a
+// completion of its own; the device says so with an asynchronous event.
+// A DCT, being shared, stays up.
+//
+// # Asynchronous events
+//
+// What a device reports outside completions arrives as an Event to every
+// subscriber of Device.OnEvent: a QP moved to ERR as a responder
+// (EventQPAccessErr, EventQPReqErr), an SRQ-attached QP in ERR
+// (EventQPLastWQE), a fatal QP error, a CQ overrun (EventCQErr), an armed
+// SRQ limit reached (EventSRQLimit), the port going down or up. A QP an
+// event reports in ERR is of no further use: destroy it.
 package verbs

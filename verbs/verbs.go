@@ -30,6 +30,7 @@ var (
 	ErrCMRejected   = errors.New("verbs: connection request rejected")
 	ErrCMTimeout    = errors.New("verbs: connection request timed out")
 	ErrNoSuchTarget = errors.New("verbs: no such QP or service on the remote device")
+	ErrNotSupported = errors.New("verbs: not supported by this device")
 )
 
 // PostError reports which WR of a batch PostSend/PostRecv refused. WRs before
@@ -120,13 +121,24 @@ func (s QPState) String() string {
 	return fmt.Sprintf("QPState(%d)", uint8(s))
 }
 
-// ValidTransition reports whether a QP may move from one state to another:
-// RESET->INIT->RTR->RTS, INIT->INIT and RTS->RTS (attribute changes), any
-// state to ERR and to RESET.
-func ValidTransition(from, to QPState) bool {
+// ValidTransition reports whether a QP of type t may move from one state
+// to another, as mlx5 allows it (the kernel's ib_modify_qp_is_ok for RC,
+// modify_dci_qp_is_ok for a DCI, mlx5_ib_modify_dct for a DCT):
+//
+//	RC:  RESET->INIT->RTR->RTS, INIT->INIT and RTS->RTS (attribute
+//	     changes), any state to ERR and to RESET
+//	DCI: the same, except RESET->ERR
+//	DCT: RESET->INIT->RTR and nothing else: a DCT is destroyed, never
+//	     moved to ERR or back to RESET
+func ValidTransition(t QPType, from, to QPState) bool {
+	if t == DCT {
+		return from == StateReset && to == StateInit || from == StateInit && to == StateRTR
+	}
 	switch to {
-	case StateErr, StateReset:
+	case StateReset:
 		return true
+	case StateErr:
+		return t != DCI || from != StateReset
 	case StateInit:
 		return from == StateReset || from == StateInit
 	case StateRTR:
@@ -339,6 +351,12 @@ func (r Reason) String() string {
 }
 
 // WC is a work completion.
+//
+// Of a completion with an error status only ID, Status, Reason, QPN and
+// VendorErr are defined: Op, ByteLen, Imm, HasImm, SrcAddr and SrcQPN are
+// not (ibv_poll_cq(3); mlx5 leaves them as they were, softnic fills them
+// with misleading values on purpose). Tell an error completion of a
+// receive from one of a send by its ID or by the CQ it came from.
 type WC struct {
 	ID     uint64
 	Status Status
@@ -353,18 +371,25 @@ type WC struct {
 	// and QPN (for receives on DCT/SRQ, this is the DCI).
 	SrcAddr netip.AddrPort
 	SrcQPN  uint32
+	// VendorErr is the NIC's own error syndrome of an error completion
+	// (ibv_wc.vendor_err; 0 on softnic), for logs.
+	VendorErr uint32
 }
 
 // Err returns nil for a successful completion and a descriptive error
-// otherwise.
+// otherwise (it names the WR by ID: an error completion has no opcode).
 func (wc *WC) Err() error {
 	if wc.Status == StatusSuccess {
 		return nil
 	}
+	msg := fmt.Sprintf("verbs: WR %d on QP %d: %v", wc.ID, wc.QPN, wc.Status)
 	if wc.Reason != ReasonNone {
-		return fmt.Errorf("verbs: %v WR %d on QP %d: %v (%v)", wc.Op, wc.ID, wc.QPN, wc.Status, wc.Reason)
+		msg += " (" + wc.Reason.String() + ")"
 	}
-	return fmt.Errorf("verbs: %v WR %d on QP %d: %v", wc.Op, wc.ID, wc.QPN, wc.Status)
+	if wc.VendorErr != 0 {
+		msg += fmt.Sprintf(" [vendor error %#x]", wc.VendorErr)
+	}
+	return errors.New(msg)
 }
 
 // QPCaps bound a QP's queues.
@@ -473,6 +498,10 @@ type MR interface {
 	// Buf is the registered memory. It belongs to the caller; the NIC reads
 	// and writes it while the MR is registered.
 	Buf() []byte
+	// IOVA is the address remote peers name Buf()[0] by: a remote WR
+	// reaches Buf()[i] at RemoteAddr IOVA()+i. It is Buf's offset in its
+	// page (PageOffset): 0 for a page-aligned buffer (see the package doc).
+	IOVA() uint64
 	LKey() uint32
 	RKey() uint32
 	Access() Access
@@ -483,6 +512,7 @@ type MR interface {
 
 // PD is a protection domain: MRs are usable only by QPs of the same PD.
 type PD interface {
+	// RegMR registers buf at IOVA PageOffset(buf) (see MR.IOVA).
 	RegMR(buf []byte, access Access) (MR, error)
 	CreateQP(cfg QPConfig) (QP, error)
 	CreateSRQ(depth int) (SRQ, error)
@@ -553,11 +583,17 @@ type SRQ interface {
 	PostRecv(wrs []RecvWR) error
 	// Posted is the number of receive WRs waiting for messages.
 	Posted() int
+	// ArmLimit arms the SRQ's limit (ibv_modify_srq, IBV_SRQ_LIMIT): once
+	// fewer than limit receives are posted, the device raises one
+	// EventSRQLimit for this SRQ and disarms it. 0 disarms.
+	ArmLimit(limit int) error
 	Destroy() error
 }
 
 // QP is a queue pair.
 type QP interface {
+	// QPN is the QP's number. A DCT has none before it reaches RTR (mlx5
+	// assigns it in the INIT->RTR transition): 0 until then.
 	QPN() uint32
 	Type() QPType
 	State() QPState
@@ -572,6 +608,132 @@ type QP interface {
 	SendQueueFree() int
 	Info() QPInfo
 	Destroy() error
+}
+
+// AtomicCap is what a device's atomic operations guarantee
+// (ibv_device_attr.atomic_cap).
+type AtomicCap uint8
+
+const (
+	// AtomicNone: no atomics. PostSend refuses CMP_SWAP and FETCH_ADD
+	// (ErrNotSupported), and Modify to INIT refuses an RC QP or a DCT
+	// asking for AccessRemoteAtomic (ErrNotSupported). Upstream mlx5
+	// reports it unless the firmware answers atomics in host byte order.
+	AtomicNone AtomicCap = iota
+	// AtomicHCA: atomics are atomic among the NIC's own operations only,
+	// not with the CPU's accesses to the same word (IBV_ATOMIC_HCA): a
+	// word remote atomics update must not be updated by local code too.
+	AtomicHCA
+	// AtomicGlob: atomics are also atomic with the CPU's atomic
+	// instructions on the same word (IBV_ATOMIC_GLOB).
+	AtomicGlob
+)
+
+func (a AtomicCap) String() string {
+	switch a {
+	case AtomicNone:
+		return "none"
+	case AtomicHCA:
+		return "HCA"
+	case AtomicGlob:
+		return "global"
+	}
+	return fmt.Sprintf("AtomicCap(%d)", uint8(a))
+}
+
+// DeviceAttr is what a device supports.
+type DeviceAttr struct {
+	Atomic   AtomicCap
+	MaxSRQWR int // the deepest SRQ (CreateSRQ)
+	MaxCQE   int // the deepest CQ (CreateCQ)
+	MaxQPWR  int // the deepest send or receive queue of a QP
+}
+
+// EventType is the kind of an asynchronous event (enum ibv_event_type).
+type EventType uint8
+
+const (
+	// EventQPFatal: the QP moved to ERR for a reason no completion
+	// reports (IBV_EVENT_QP_FATAL).
+	EventQPFatal EventType = iota + 1
+	// EventQPReqErr: the QP, as a responder, received a request it cannot
+	// execute (invalid opcode or length, misaligned atomic) and moved to
+	// ERR (IBV_EVENT_QP_REQ_ERR).
+	EventQPReqErr
+	// EventQPAccessErr: the QP, as a responder, refused a remote access
+	// (bad rkey, out of bounds, missing permission) and moved to ERR
+	// (IBV_EVENT_QP_ACCESS_ERR).
+	EventQPAccessErr
+	// EventQPLastWQE: a QP attached to an SRQ moved to ERR and takes no
+	// more receives from it (IBV_EVENT_QP_LAST_WQE_REACHED).
+	EventQPLastWQE
+	// EventCQErr: the CQ overran; completions were lost and the QPs that
+	// complete into it cannot be trusted (IBV_EVENT_CQ_ERR).
+	EventCQErr
+	// EventSRQLimit: fewer receives are posted than the limit armed with
+	// SRQ.ArmLimit (IBV_EVENT_SRQ_LIMIT_REACHED).
+	EventSRQLimit
+	// EventSRQErr: the SRQ failed; its QPs take no more receives from it
+	// (IBV_EVENT_SRQ_ERR).
+	EventSRQErr
+	// EventPortActive and EventPortErr: the port came up or went down
+	// (IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR).
+	EventPortActive
+	EventPortErr
+	// EventDeviceFatal: the device is unusable (IBV_EVENT_DEVICE_FATAL).
+	EventDeviceFatal
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventQPFatal:
+		return "QP fatal"
+	case EventQPReqErr:
+		return "QP invalid request"
+	case EventQPAccessErr:
+		return "QP access error"
+	case EventQPLastWQE:
+		return "QP last WQE reached"
+	case EventCQErr:
+		return "CQ error"
+	case EventSRQLimit:
+		return "SRQ limit reached"
+	case EventSRQErr:
+		return "SRQ error"
+	case EventPortActive:
+		return "port active"
+	case EventPortErr:
+		return "port down"
+	case EventDeviceFatal:
+		return "device fatal"
+	}
+	return fmt.Sprintf("EventType(%d)", uint8(t))
+}
+
+// IsQPError reports whether t says that a QP moved to ERR.
+func (t EventType) IsQPError() bool {
+	return t == EventQPFatal || t == EventQPReqErr || t == EventQPAccessErr || t == EventQPLastWQE
+}
+
+// Event is an asynchronous event: something the device reports outside
+// completions (ibv_get_async_event). Exactly the field its Type names is
+// set.
+type Event struct {
+	Type EventType
+	QP   QP  // QP events
+	CQ   CQ  // EventCQErr
+	SRQ  SRQ // EventSRQLimit, EventSRQErr
+	Port int // port events
+}
+
+func (ev Event) String() string {
+	switch {
+	case ev.QP != nil:
+		return fmt.Sprintf("%v on %v QP %d", ev.Type, ev.QP.Type(), ev.QP.QPN())
+	case ev.Port != 0:
+		return fmt.Sprintf("%v (port %d)", ev.Type, ev.Port)
+	}
+	return ev.Type.String()
 }
 
 // ConnRequest is what a passive RC side learns of an incoming connection.
@@ -614,6 +776,14 @@ type Device interface {
 	ConnectRC(ctx context.Context, qp QP, remote netip.AddrPort, service uint32, p ConnParams) ([]byte, error)
 	// MaxMTU is the largest path MTU the device supports.
 	MaxMTU() int
+	// Attr is what the device supports (ibv_query_device).
+	Attr() DeviceAttr
+	// OnEvent subscribes fn to the device's asynchronous events (see
+	// Event). Every subscriber sees every event, in the order the device
+	// raised them, on a goroutine of the device's: fn must not block for
+	// long; it may call verbs methods (Destroy the QP an event names, for
+	// example). cancel unsubscribes; fn is not called after it returned.
+	OnEvent(fn func(Event)) (cancel func())
 	Stats() DeviceStats
 	QPs() []QPInfo
 	Close() error

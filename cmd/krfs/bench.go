@@ -12,6 +12,7 @@ import (
 
 	"github.com/krfs/krfs/internal/bench"
 	"github.com/krfs/krfs/internal/bench/report"
+	"github.com/krfs/krfs/nic"
 )
 
 // krfs bench: perftest-style benchmarks, through the Go API against a node
@@ -20,8 +21,20 @@ import (
 // scripts/bench.sh into results.json, results.md and plots. The suite
 // itself is package internal/bench; this file is its flags.
 
+// benchNIC are the flags of the bench's own NIC (API mode) that do not
+// land in bench.Opts directly.
+type benchNIC struct {
+	backend string
+	qos     qosFlags
+}
+
 // registerBenchFlags registers the flags of `krfs bench` into o.
-func registerBenchFlags(set *pflag.FlagSet, o *bench.Opts) {
+func registerBenchFlags(set *pflag.FlagSet, o *bench.Opts, bn *benchNIC) {
+	set.StringVar(&bn.backend, "backend", "auto", "API mode: the bench's verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma")
+	set.StringVar(&o.NIC.Device, "device", "", "API mode, rdma: the RDMA device, like mlx5_0 (default: the first usable one)")
+	set.IntVar(&o.NIC.Port, "device-port", 0, "API mode, rdma: the device's port number (0: the first active one)")
+	set.IntVar(&o.NIC.GIDIndex, "gid-index", -1, "API mode, rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID, or GID 0 on InfiniBand)")
+	bn.qos.register(set)
 	set.StringVarP(&o.SizeStr, "size", "s", "", "message size, like 8, 4K, 1M (default 8; 1M for *_bw)")
 	set.IntVarP(&o.Iters, "iters", "n", 0, "iterations (default 1000 for latency tests, 5000 for bandwidth tests)")
 	set.BoolVarP(&o.All, "all", "a", false, "sweep sizes 8 B .. 1 MiB in powers of 2")
@@ -30,7 +43,7 @@ func registerBenchFlags(set *pflag.FlagSet, o *bench.Opts) {
 	set.BoolVar(&o.JSON, "json", false, "print the results as JSON instead of tables")
 	set.StringVar(&o.Meta, "meta", "", "API mode: meta service HOST:PORT[,HOST:PORT...] of the cluster (names resolve)")
 	set.UintVar(&o.GID, "gid", 0, "API mode: gid of the node to benchmark against")
-	set.StringVar(&o.Listen, "listen", "", "API mode: address of the bench process's own software NIC (default: the address the route to the meta service leaves from, port 0)")
+	set.StringVar(&o.Listen, "listen", "", "API mode: address of the bench process's own NIC (softnic's socket, or the rdma backend's connection manager; default: the address the route to the meta service leaves from, port 0)")
 	set.BoolVar(&o.Register, "register", false, "API mode: register the bench node with the meta service (deregistered at exit)")
 	set.StringVar(&o.Path, "path", "", "file mode: a region file (or, for send_lat, a port file) of a mounted krfs")
 	set.StringVar(&o.Region, "region", "mem", "API mode: the peer's region")
@@ -58,6 +71,7 @@ func benchLong() string {
 
 func benchCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := &bench.Opts{}
+	bn := &benchNIC{}
 	cmd := &cobra.Command{
 		Use:     "bench TEST [flags]",
 		Short:   "Perftest-style benchmarks (API mode: --meta HOST:PORT --gid N; file mode: --path FILE)",
@@ -71,24 +85,28 @@ func benchCmd(stdout, stderr io.Writer) *cobra.Command {
 				}
 				return report.Dir(args[1], stdout)
 			}
-			if err := finishBenchArgs(o, args); err != nil {
+			if err := finishBenchArgs(o, bn, args); err != nil {
 				return err
 			}
 			return bench.Main(o, stdout, stderr)
 		},
 	}
-	registerBenchFlags(cmd.Flags(), o)
+	registerBenchFlags(cmd.Flags(), o, bn)
 	return cmd
 }
 
 // finishBenchArgs checks the positional arguments and the flags of `krfs
 // bench`, resolves --meta and picks --listen from the route to it.
-func finishBenchArgs(o *bench.Opts, args []string) error {
+func finishBenchArgs(o *bench.Opts, bn *benchNIC, args []string) error {
 	if len(args) != 1 {
 		return fmt.Errorf("%w: one TEST expected, got %d (API mode: --meta HOST:PORT --gid N; file mode: --path FILE)", errUsage, len(args))
 	}
 	o.Test = args[0]
 	var err error
+	if o.NIC.Backend, err = nic.ParseBackend(bn.backend); err != nil {
+		return fmt.Errorf("%w: --backend: %v", errUsage, err)
+	}
+	bn.qos.apply(&o.NIC)
 	if o.SizeStr != "" {
 		if o.Size, err = parseSize(o.SizeStr); err != nil {
 			return err
@@ -120,14 +138,14 @@ func finishBenchArgs(o *bench.Opts, args []string) error {
 
 // parseBenchArgs parses `krfs bench` arguments (tests use it).
 func parseBenchArgs(args []string, stderr io.Writer) (*bench.Opts, error) {
-	o := &bench.Opts{}
+	o, bn := &bench.Opts{}, &benchNIC{}
 	set := pflag.NewFlagSet("krfs bench", pflag.ContinueOnError)
 	set.SetOutput(stderr)
-	registerBenchFlags(set, o)
+	registerBenchFlags(set, o, bn)
 	if err := set.Parse(args); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if err := finishBenchArgs(o, set.Args()); err != nil {
+	if err := finishBenchArgs(o, bn, set.Args()); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/nic"
 )
 
 func TestBenchArgs(t *testing.T) {
@@ -24,6 +25,21 @@ func TestBenchArgs(t *testing.T) {
 	}
 	if o.Test != "read_lat" || o.Size != 4096 || o.Iters != 10 || o.GID != 3 || !o.APIMode() {
 		t.Errorf("parsed %+v", o)
+	}
+	if o.NIC.Backend != nic.Auto || o.NIC.GIDIndex != -1 {
+		t.Errorf("default NIC %+v, want auto with the default GID", o.NIC)
+	}
+	// API mode on an RNIC: krfs bench opens its device through nic.
+	o, err = parseBenchArgs([]string{"read_lat", "--meta", "127.0.0.1:4791", "--gid", "3", "--backend", "rdma",
+		"--device", "mlx5_1", "--device-port", "2", "--gid-index", "3", "--traffic-class", "104"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := o.NIC; n.Backend != nic.RDMA || n.Device != "mlx5_1" || n.Port != 2 || n.GIDIndex != 3 || n.TrafficClass != 104 {
+		t.Errorf("--backend rdma: NIC %+v", n)
+	}
+	if _, err := parseBenchArgs([]string{"read_lat", "--meta", "127.0.0.1:4791", "--gid", "3", "--backend", "ib"}, io.Discard); err == nil {
+		t.Error("--backend ib accepted")
 	}
 	o, err = parseBenchArgs([]string{"read_bw", "--path", "/mnt/k/peers/1/mem", "-a", "-t", "8"}, io.Discard)
 	if err != nil {

@@ -49,5 +49,10 @@ func runDevices(asJSON bool, stdout io.Writer) error {
 		return nil
 	}
 	fmt.Fprint(stdout, rdma.Describe(devs))
+	if plan, err := rdma.Plan(devs, rdma.Config{GIDIndex: -1}); err == nil {
+		fmt.Fprintf(stdout, "krfs mount --backend rdma would use: %s\n", plan)
+	} else {
+		fmt.Fprintf(stdout, "krfs mount --backend rdma would fail: %v\n", err)
+	}
 	return nil
 }

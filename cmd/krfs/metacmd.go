@@ -15,52 +15,78 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/meta"
-	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/nic"
 )
+
+// metaFlags are the flags of `krfs meta`.
+type metaFlags struct {
+	listen, keyFile, backend string
+	rdma                     rdmaFlags
+	qos                      qosFlags
+	log                      logFlags
+}
+
+// defaultMetaListen is `krfs meta`'s softnic --listen when none is given.
+const defaultMetaListen = "127.0.0.1:4790"
 
 // runMeta is `krfs meta --listen ADDR`: a standalone meta service.
 func metaCmd(stderr io.Writer) *cobra.Command {
-	var listen, keyFile string
-	var lf logFlags
+	f := &metaFlags{}
 	cmd := &cobra.Command{
 		Use:   "meta [--listen ADDR]",
 		Short: "Run a standalone meta service (stays in the foreground)",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(*cobra.Command, []string) error {
-			return runMeta(&listen, &keyFile, &lf, stderr)
+			return runMeta(f, stderr)
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:4790", "address of the meta service's software NIC")
-	cmd.Flags().StringVar(&keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it")
-	lf.register(cmd.Flags())
+	set := cmd.Flags()
+	set.StringVar(&f.listen, "listen", "", "address of the meta service's NIC: softnic's (default "+defaultMetaListen+"), or the rdma backend's connection manager (default: the GID's IP, port 4792)")
+	set.StringVar(&f.keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it (softnic)")
+	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma, as krfs mount; the nodes must use the same")
+	f.rdma.register(set)
+	f.qos.register(set)
+	f.log.register(set)
 	return cmd
 }
 
-func runMeta(listen, keyFile *string, lf *logFlags, stderr io.Writer) error {
-	log, err := lf.logger(stderr)
+func runMeta(f *metaFlags, stderr io.Writer) error {
+	log, err := f.log.logger(stderr)
 	if err != nil {
 		return err
 	}
-	ap, err := netip.ParseAddrPort(*listen)
-	if err != nil || ap.Addr().IsUnspecified() {
-		return fmt.Errorf("%w: --listen %q: want a specific IP:PORT", errUsage, *listen)
+	if f.listen != "" {
+		if ap, err := netip.ParseAddrPort(f.listen); err != nil || ap.Addr().IsUnspecified() {
+			return fmt.Errorf("%w: --listen %q: want a specific IP:PORT", errUsage, f.listen)
+		}
 	}
-	key, err := readClusterKey(*keyFile)
+	backend, err := nic.ParseBackend(f.backend)
+	if err != nil {
+		return fmt.Errorf("%w: --backend: %v", errUsage, err)
+	}
+	key, err := readClusterKey(f.keyFile)
 	if err != nil {
 		return err
 	}
-	dev, err := softnic.OpenUDPKey(ap.String(), key)
+	no := nic.Options{Backend: backend, Listen: f.listen, DefaultListen: defaultMetaListen, ClusterKey: key}
+	f.rdma.apply(&no)
+	f.qos.apply(&no)
+	opened, err := nic.Open(no)
 	if err != nil {
 		if errors.Is(err, unix.EADDRINUSE) {
-			return fmt.Errorf("--listen %v is in use: %w", ap, err)
+			return fmt.Errorf("--listen %v is in use: %w", f.listen, err)
 		}
-		return err
+		return fmt.Errorf("opening the NIC (--backend %s): %w", backend, err)
 	}
+	dev := opened.Dev
 	defer dev.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	log.Infof("NIC: %s", opened.Reason)
 	log.Infof("meta service on %v", dev.Addr())
-	err = meta.Serve(ctx, dev, meta.ServerConfig{})
+	// Without DC the service runs no DCT: clients READ the table over
+	// their RC connection.
+	err = meta.Serve(ctx, dev, meta.ServerConfig{NoDC: !opened.DC})
 	log.Info("meta service stopped")
 	return err
 }

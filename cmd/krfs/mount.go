@@ -43,9 +43,8 @@ type mountFlags struct {
 	daemon      bool
 	logFile     string
 	backend     string
-	device      string
-	port        int
-	gidIndex    int
+	rdma        rdmaFlags
+	qos         qosFlags
 	options     []string // -o, mount(8) style
 	maxRegions  int
 	maxRegSize  string
@@ -59,7 +58,7 @@ type mountFlags struct {
 
 func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.StringVar(&f.meta, "meta", "", "meta service addresses HOST:PORT[,HOST:PORT...] (names resolve); empty: run an embedded one on --listen")
-	set.StringVar(&f.listen, "listen", "127.0.0.1:4791", "address of this node's software NIC (softnic), or of the rdma backend's connection manager")
+	set.StringVar(&f.listen, "listen", "", "address of this node's software NIC (softnic; default "+defaultSoftnicListen+"), or of the rdma backend's connection manager (default: the GID's IP, port 4792; never 4791, RoCEv2's)")
 	set.UintVar(&f.gid, "gid", 0, "this node's gid (0: assigned by the meta service)")
 	set.StringVar(&f.memSize, "mem-size", "16M", "size of the default region mem (like 16M, 1G)")
 	set.StringVar(&f.shmDir, "shm-dir", "", "directory of the region files (default /dev/shm/krfs-GID)")
@@ -75,9 +74,8 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up (without it krfs mount stays in the foreground until unmounted or interrupted)")
 	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; /dev/null with --daemon)")
 	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma")
-	set.StringVar(&f.device, "device", "", "rdma: the RDMA device, like mlx5_0 (default: the first usable one)")
-	set.IntVar(&f.port, "port", 0, "rdma: the device's port number (0: the first active one)")
-	set.IntVar(&f.gidIndex, "gid-index", -1, "rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID, or GID 0 on InfiniBand)")
+	f.rdma.register(set)
+	f.qos.register(set)
 	set.StringArrayVarP(&f.options, "options", "o", nil, "mount options OPT[,OPT...] as mount(8) gives them: krfs flags (meta=ADDR, gid=N, allow_other...) and generic ones (see krfs mount --help)")
 	set.IntVar(&f.maxRegions, "max-regions", qpcore.DefaultMaxRegions, "regions this node may export, mem included (at most 4096)")
 	set.StringVar(&f.maxRegSize, "max-region-size", "1T", "largest size of one region (a write or truncate past it fails with EFBIG)")
@@ -228,9 +226,10 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	if err != nil {
 		return fmt.Errorf("%w: --backend: %v", errUsage, err)
 	}
-	listen, err := netip.ParseAddrPort(f.listen)
-	if err != nil || listen.Addr().IsUnspecified() {
-		return fmt.Errorf("%w: --listen %q: want a specific IP:PORT that peers can reach", errUsage, f.listen)
+	if f.listen != "" {
+		if ap, err := netip.ParseAddrPort(f.listen); err != nil || ap.Addr().IsUnspecified() {
+			return fmt.Errorf("%w: --listen %q: want a specific IP:PORT that peers can reach", errUsage, f.listen)
+		}
 	}
 	servers, err := resolveMeta(f.meta)
 	if err != nil {
@@ -248,7 +247,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	}
 
 	log.Info(node.SetMemoryLimit(f.limits.memLimit))
-	n, err := startNode(log, f, backend, listen, servers, mem)
+	n, err := startNode(log, f, backend, servers, mem)
 	if err != nil {
 		return err
 	}
@@ -302,9 +301,12 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	return nil
 }
 
-// startNode opens the NIC on listen and starts a node on it as the mount
-// flags say.
-func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, listen netip.AddrPort, servers []netip.AddrPort, mem int64) (*node.Node, error) {
+// defaultSoftnicListen is softnic's --listen when none is given.
+const defaultSoftnicListen = "127.0.0.1:4791"
+
+// startNode opens the NIC on --listen and starts a node on it as the
+// mount flags say.
+func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers []netip.AddrPort, mem int64) (*node.Node, error) {
 	key, err := readClusterKey(f.keyFile)
 	if err != nil {
 		return nil, err
@@ -312,8 +314,14 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, listen ne
 	if f.encrypt && len(key) == 0 {
 		return nil, fmt.Errorf("%w: --encrypt needs --cluster-key-file", errUsage)
 	}
-	opened, err := nic.Open(nic.Options{Backend: backend, Listen: listen.String(), ClusterKey: key, Encrypt: f.encrypt,
-		Device: f.device, Port: f.port, GIDIndex: f.gidIndex})
+	no := nic.Options{Backend: backend, Listen: f.listen, DefaultListen: defaultSoftnicListen, ClusterKey: key, Encrypt: f.encrypt}
+	f.rdma.apply(&no)
+	f.qos.apply(&no)
+	opened, err := nic.Open(no)
+	listen := f.listen
+	if listen == "" {
+		listen = "the default address"
+	}
 	switch {
 	case errors.Is(err, unix.EADDRINUSE):
 		return nil, fmt.Errorf("--listen %v is in use (another krfs node?): %w", listen, err)

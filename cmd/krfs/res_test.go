@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,8 +30,8 @@ func testNodeSized(t *testing.T, mem int64) *node.Node {
 	log.SetOutput(io.Discard)
 	// --timeout is only a hang guard here (peer and meta queries): a
 	// loaded machine must not turn into "peer listing empty".
-	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Minute}
-	n, err := startNode(log, f, nic.Softnic, netip.MustParseAddrPort("127.0.0.1:0"), nil, mem)
+	f := &mountFlags{shmDir: t.TempDir(), timeout: 2 * time.Minute, listen: "127.0.0.1:0"}
+	n, err := startNode(log, f, nic.Softnic, nil, mem)
 	if err != nil {
 		t.Fatalf("starting a node: %v", err)
 	}

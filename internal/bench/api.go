@@ -10,10 +10,10 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs"
-	"github.com/krfs/krfs/verbs/softnic"
 )
 
 // apiTarget benchmarks a peer through the Go API, as a fresh application
@@ -51,17 +51,21 @@ func openAPITarget(o *Opts) (_ *apiTarget, err error) {
 			t.close()
 		}
 	}()
-	dev, err := softnic.OpenUDP(o.Listen)
+	no := o.NIC
+	no.Listen = o.Listen
+	opened, err := nic.Open(no)
 	if err != nil {
-		return nil, fmt.Errorf("opening the NIC on %s: %w", o.Listen, err)
+		return nil, fmt.Errorf("opening the NIC (--backend %s) on %s: %w", no.Backend, o.Listen, err)
 	}
+	dev := opened.Dev
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
 	// --timeout bounds each operation: it is the node's PeerTimeout, from
 	// which qpcore derives every operation's deadline and the NIC's
 	// retransmission budget (a loaded machine must not fail a benchmark
 	// at qpcore's 1 s default when the user asked for more).
-	qc := qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc", PeerTimeout: o.Timeout}
+	qc := qpcore.Config{VQPDepth: max(o.Outstanding, qpcore.DefaultVQPDepth), DisableRC: o.Transport == "dc", PeerTimeout: o.Timeout,
+		NoDC: !opened.DC, Transport: opened.Transport}
 	if o.Transport == "rc" {
 		// Measuring RC: the peer turns hot on its first operation and
 		// keeps its RC QP for the run. The default policy (2,000

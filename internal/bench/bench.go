@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/krfs/krfs/nic"
 	"io"
 	"math"
 	"net/netip"
@@ -73,6 +74,10 @@ type Opts struct {
 	Progress      string // auto, on, off
 	Timeout       time.Duration
 	Transport     string // API mode: auto, dc, rc
+	// NIC says which device API mode opens (--backend, --device,
+	// --device-port, --gid-index and the QoS flags); its Listen is
+	// Opts.Listen.
+	NIC nic.Options
 }
 
 func (o *Opts) IsLat() bool   { return strings.HasSuffix(o.Test, "_lat") }

@@ -31,6 +31,38 @@ func softnicDeps(t *testing.T, pkg string) []string {
 	return bad
 }
 
+// TestOnlyNicOpensSoftnic: outside softnic itself, only package nic
+// imports verbs/softnic (or its subpackages) in non-test code; commands,
+// benchmarks and examples open their device through nic.
+func TestOnlyNicOpensSoftnic(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	seen := false
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := f[0]
+		if pkg == backend || strings.HasPrefix(pkg, backend+"/") {
+			continue
+		}
+		for _, imp := range f[1:] {
+			if imp != backend && !strings.HasPrefix(imp, backend+"/") {
+				continue
+			}
+			if pkg == module+"/nic" {
+				seen = true
+				continue
+			}
+			t.Errorf("%s imports %s: open the NIC through package nic", pkg, imp)
+		}
+	}
+	// The check sees an import where there is one: nic opens softnic.
+	if !seen {
+		t.Fatal("package nic does not seem to import verbs/softnic: the check is blind")
+	}
+}
+
 func TestNothingAboveTheBackendImportsSoftnic(t *testing.T) {
 	for _, pkg := range aboveBackend {
 		if bad := softnicDeps(t, pkg); len(bad) > 0 {

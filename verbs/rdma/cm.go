@@ -60,7 +60,8 @@ type cmHost interface {
 	// ownRC reports whether q is an RC QP of this device in RESET.
 	ownRC(q verbs.QP) error
 	// bringUp moves q from RESET to RTS connected to peer. p.Access 0
-	// means the QP's own access, or all remote access if it has none.
+	// means the QP's own access, or if it has none all remote access the
+	// device supports (atomics only with atomics).
 	bringUp(q verbs.QP, peer endpoint, sqPSN uint32, p verbs.ConnParams) error
 }
 
@@ -276,6 +277,14 @@ func (c *cmConn) connect(ctx context.Context, q verbs.QP, remote netip.AddrPort,
 func (c *cmConn) remember(e endpoint) {
 	c.mu.Lock()
 	c.addrs[e.Addr] = endpoint{Addr: e.Addr, GID: e.GID, LID: e.LID}
+	c.mu.Unlock()
+}
+
+// forget drops what resolve learnt of addr, so that the next resolve asks
+// again (a peer restarted on another port or GID).
+func (c *cmConn) forget(addr netip.AddrPort) {
+	c.mu.Lock()
+	delete(c.addrs, addr)
 	c.mu.Unlock()
 }
 

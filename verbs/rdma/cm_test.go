@@ -203,9 +203,9 @@ func TestCMTimeoutAndResolve(t *testing.T) {
 	}
 	dead := b.addr
 	b.close()
-	a.mu.Lock()
-	delete(a.addrs, dead)
-	a.mu.Unlock()
+	// A target that failed is forgotten (a DCI's retry error): the next
+	// resolve asks again, and nobody answers now.
+	a.forget(dead)
 	// Nothing answers at dead: the connect ends with the context, which
 	// is the expected outcome (no success path depends on this timer).
 	c, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

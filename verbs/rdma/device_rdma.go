@@ -23,16 +23,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/internal/eventq"
 )
-
-// enum ibv_wc_flags (used only with cgo; translate.go has the rest).
-const ibvWCWithImm = 1 << 1
 
 // Built reports whether this binary has the libibverbs backend.
 const Built = true
 
 // Devices lists the RDMA devices libibverbs sees, their ports, GIDs and
-// whether they offer DC. No device is not an error: the list is empty.
+// whether they offer DC. No device is not an error: the list is empty. A
+// device that cannot be opened or queried is listed with its error
+// (DeviceInfo.Err), not allowed to hide the others.
 func Devices() ([]DeviceInfo, error) {
 	var n C.int
 	list, err := C.ibv_get_device_list(&n)
@@ -47,7 +47,7 @@ func Devices() ([]DeviceInfo, error) {
 	for _, dev := range unsafe.Slice(list, int(n)) {
 		info, err := describe(dev)
 		if err != nil {
-			return out, err
+			info.Err = err.Error()
 		}
 		out = append(out, info)
 	}
@@ -55,7 +55,7 @@ func Devices() ([]DeviceInfo, error) {
 }
 
 func describe(dev *C.struct_ibv_device) (DeviceInfo, error) {
-	info := DeviceInfo{Name: C.GoString(C.ibv_get_device_name(dev))}
+	info := DeviceInfo{Name: C.GoString(C.ibv_get_device_name(dev)), Transport: transportName(uint32(dev.transport_type))}
 	ctx, err := C.ibv_open_device(dev)
 	if ctx == nil {
 		return info, fmt.Errorf("rdma: ibv_open_device(%s): %v", info.Name, err)
@@ -69,6 +69,8 @@ func describe(dev *C.struct_ibv_device) (DeviceInfo, error) {
 	guid := uint64(C.ibv_get_device_guid(dev))
 	info.NodeGUID = fmt.Sprintf("%016x", beSwap64(guid))
 	info.VendorID, info.PartID = uint32(da.vendor_id), uint32(da.vendor_part_id)
+	info.Atomic = atomicCap(uint32(da.atomic_cap))
+	info.MaxSRQWR, info.MaxCQE, info.MaxQPWR = int(da.max_srq_wr), int(da.max_cqe), int(da.max_qp_wr)
 	for p := 1; p <= int(da.phys_port_cnt); p++ {
 		pi, err := queryPort(ctx, p)
 		if err != nil {
@@ -76,7 +78,7 @@ func describe(dev *C.struct_ibv_device) (DeviceInfo, error) {
 		}
 		info.Ports = append(info.Ports, pi)
 	}
-	info.DC, info.DCNote, info.ZeroBased = probe(ctx)
+	info.DC, info.DCNote, info.IOVA = probe(ctx)
 	return info, nil
 }
 
@@ -114,32 +116,30 @@ func queryPort(ctx *C.struct_ibv_context, port int) (PortInfo, error) {
 	return pi, nil
 }
 
-// probe checks for DC (a DCI can be created) and zero-based MRs (a page
-// registers at iova 0).
-func probe(ctx *C.struct_ibv_context) (dc bool, note string, zero bool) {
+// probe checks for DC (a DCI without atomics can be created) and for MR
+// registration as RegMR does it (a page at IOVA 0, a buffer 80 bytes into
+// a page at IOVA 80; remote write access needs local write).
+func probe(ctx *C.struct_ibv_context) (dc bool, note string, iova bool) {
 	pd := C.ibv_alloc_pd(ctx)
 	if pd == nil {
 		return false, "cannot allocate a protection domain", false
 	}
 	defer C.ibv_dealloc_pd(pd)
-	buf := C.malloc(4096)
-	defer C.free(buf)
-	if mr := C.krfs_reg_mr_zero_based(pd, buf, 4096, C.int(accessFlags(verbs.AccessAll))); mr != nil {
-		zero = true
-		C.ibv_dereg_mr(mr)
-	}
+	iova = C.krfs_probe_mr(pd, C.int(accessFlags(verbs.AccessLocalWrite|verbs.AccessRemoteRead|verbs.AccessRemoteWrite))) == 0
 	cq := C.ibv_create_cq(ctx, 1, nil, nil, 0)
 	if cq == nil {
-		return false, "cannot create a CQ", zero
+		return false, "cannot create a CQ", iova
 	}
 	defer C.ibv_destroy_cq(cq)
 	switch rc := C.krfs_probe_dc(ctx, pd, cq); rc {
 	case 0:
-		return true, "", zero
+		return true, "", iova
+	case -1:
+		return false, "not an mlx5 device", iova
 	case C.EOPNOTSUPP:
-		return false, "not an mlx5 device", zero
+		return false, "mlx5 refused a DCI (EOPNOTSUPP): no DC in this device or firmware (ConnectX-4 Lx has none)", iova
 	default:
-		return false, fmt.Sprintf("mlx5 refused a DCI: %v", syscall.Errno(rc)), zero
+		return false, fmt.Sprintf("mlx5 refused a DCI: %v", syscall.Errno(rc)), iova
 	}
 }
 
@@ -156,11 +156,16 @@ type Device struct {
 	mtu      int
 	dc       bool
 	dcNote   string
+	attr     verbs.DeviceAttr
+	qos      QoS
 	cm       *cmConn
+	events   eventq.Queue
+	evWake   int           // eventfd that stops the async event goroutine
+	evDone   chan struct{} // closed when it stopped
 
 	mu     sync.RWMutex // guards the fields below
 	closed bool
-	qps    map[uint32]*qp
+	qps    qpIndex[*qp] // by number: a DCT only from RTR on
 	pds    []*pd
 	cqs    []*cq
 	mrs    int
@@ -172,6 +177,9 @@ var _ verbs.Device = (*Device)(nil)
 // Open opens a device port. With no device it fails at once with
 // ErrNoDevice.
 func Open(cfg Config) (*Device, error) {
+	if err := cfg.QoS.validate(); err != nil {
+		return nil, err
+	}
 	devs, err := Devices()
 	if err != nil {
 		return nil, err
@@ -179,28 +187,9 @@ func Open(cfg Config) (*Device, error) {
 	if len(devs) == 0 {
 		return nil, ErrNoDevice
 	}
-	var pick *DeviceInfo
-	var port PortInfo
-	for i := range devs {
-		d := &devs[i]
-		if cfg.Device != "" && d.Name != cfg.Device {
-			continue
-		}
-		for _, p := range d.Ports {
-			if (cfg.Port == 0 && p.Usable()) || p.Num == cfg.Port {
-				pick, port = d, p
-				break
-			}
-		}
-		if pick != nil {
-			break
-		}
-	}
-	if pick == nil {
-		return nil, fmt.Errorf("%w: no usable port matches device %q port %d (see krfs devices)", ErrNoDevice, cfg.Device, cfg.Port)
-	}
-	if !pick.ZeroBased {
-		return nil, fmt.Errorf("rdma: %s cannot register zero-based MRs (ibv_reg_mr_iova with iova 0), which krfs needs", pick.Name)
+	pick, port, err := pickPort(devs, cfg)
+	if err != nil {
+		return nil, err
 	}
 	var gi GIDInfo
 	if cfg.GIDIndex < 0 {
@@ -219,24 +208,27 @@ func Open(cfg Config) (*Device, error) {
 			return nil, fmt.Errorf("%w: %s port %d has no GID at index %d", verbs.ErrInvalidArg, pick.Name, port.Num, cfg.GIDIndex)
 		}
 	}
+	ib := port.LinkLayer == "InfiniBand"
+	addr, err := cmListenAddr(cfg.CMAddr, gi.GID, ib)
+	if err != nil {
+		return nil, err
+	}
 	ctx, err := openByName(pick.Name)
 	if err != nil {
 		return nil, err
 	}
 	d := &Device{ctx: ctx, name: pick.Name, port: uint8(port.Num), gidIndex: gi.Index, gid: gi.GID, lid: port.LID,
-		ib: port.LinkLayer == "InfiniBand", mtu: port.ActiveMTU, dc: pick.DC, dcNote: pick.DCNote, qps: map[uint32]*qp{}}
+		ib: ib, mtu: port.ActiveMTU, dc: pick.DC, dcNote: pick.DCNote, qos: cfg.QoS,
+		attr: verbs.DeviceAttr{Atomic: pick.Atomic, MaxSRQWR: pick.MaxSRQWR, MaxCQE: pick.MaxCQE, MaxQPWR: pick.MaxQPWR}}
 	if d.mtu == 0 {
 		d.mtu = 1024
 	}
-	addr := cfg.CMAddr
-	if addr == "" {
-		if d.ib {
-			addr = ":0"
-		} else {
-			addr = net.JoinHostPort(gi.GID.IP().String(), "0")
-		}
-	}
 	if d.cm, err = listenCM(d, addr); err != nil {
+		C.ibv_close_device(ctx)
+		return nil, err
+	}
+	if err := d.startEvents(); err != nil {
+		d.cm.close()
 		C.ibv_close_device(ctx)
 		return nil, err
 	}
@@ -269,7 +261,122 @@ func (d *Device) Caps() Caps {
 		ll = "InfiniBand"
 	}
 	return Caps{Name: d.name, Port: int(d.port), GIDIndex: d.gidIndex, GID: d.gid, LID: d.lid, LinkLayer: ll,
-		MTU: d.mtu, DC: d.dc, DCNote: d.dcNote}
+		MTU: d.mtu, DC: d.dc, DCNote: d.dcNote, Atomic: d.attr.Atomic, QoS: d.qos}
+}
+
+// Attr implements verbs.Device: what ibv_query_device reported.
+func (d *Device) Attr() verbs.DeviceAttr { return d.attr }
+
+// OnEvent implements verbs.Device.
+func (d *Device) OnEvent(fn func(verbs.Event)) (cancel func()) { return d.events.Subscribe(fn) }
+
+// startEvents starts the goroutine that reads the context's asynchronous
+// events (its async fd, made non-blocking, and an eventfd to stop it).
+func (d *Device) startEvents() error {
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("rdma: eventfd: %w", err)
+	}
+	if err := unix.SetNonblock(int(d.ctx.async_fd), true); err != nil {
+		unix.Close(wake)
+		return fmt.Errorf("rdma: async event fd: %w", err)
+	}
+	d.evWake, d.evDone = wake, make(chan struct{})
+	go d.readEvents()
+	return nil
+}
+
+// readEvents turns the context's asynchronous events into verbs events:
+// a QP, CQ or SRQ event names the object of this device it is about; a
+// QP error moves the QP's state to ERR, as the NIC did.
+func (d *Device) readEvents() {
+	defer close(d.evDone)
+	fds := []unix.PollFd{{Fd: int32(d.ctx.async_fd), Events: unix.POLLIN}, {Fd: int32(d.evWake), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		var raw C.struct_krfs_event
+		for C.krfs_get_event(d.ctx, &raw) == 0 {
+			if ev, ok := d.event(&raw); ok {
+				d.events.Raise(ev)
+			}
+		}
+	}
+}
+
+// event maps a raw async event to a verbs event about this device's
+// objects (false for one krfs does not report, or whose object is gone).
+func (d *Device) event(raw *C.struct_krfs_event) (verbs.Event, bool) {
+	typ, obj := eventOf(uint32(raw._type))
+	ev := verbs.Event{Type: typ}
+	switch obj {
+	case eventQP:
+		q := d.qpByNum(uint32(raw.qp_num))
+		if q == nil {
+			return ev, false
+		}
+		if typ.IsQPError() {
+			q.mu.Lock()
+			q.state = verbs.StateErr
+			q.mu.Unlock()
+		}
+		ev.QP = q
+	case eventCQ:
+		c := d.cqByAddr(uint64(raw.cq))
+		if c == nil {
+			return ev, false
+		}
+		ev.CQ = c
+	case eventSRQ:
+		s := d.srqByAddr(uint64(raw.srq))
+		if s == nil {
+			return ev, false
+		}
+		ev.SRQ = s
+	case eventPort:
+		if uint8(raw.port) != d.port {
+			return ev, false
+		}
+		ev.Port = int(raw.port)
+	case eventDevice:
+	default:
+		return ev, false
+	}
+	return ev, true
+}
+
+// cqByAddr finds the CQ one of whose halves is at addr.
+func (d *Device) cqByAddr(addr uint64) *cq {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, c := range d.cqs {
+		if uint64(uintptr(unsafe.Pointer(c.send))) == addr || uint64(uintptr(unsafe.Pointer(c.recv))) == addr {
+			return c
+		}
+	}
+	return nil
+}
+
+// srqByAddr finds the SRQ at addr.
+func (d *Device) srqByAddr(addr uint64) *srq {
+	d.mu.RLock()
+	pds := d.pds
+	d.mu.RUnlock()
+	for _, p := range pds {
+		p.mu.Lock()
+		for _, s := range p.srqs {
+			if uint64(uintptr(unsafe.Pointer(s.srq))) == addr {
+				p.mu.Unlock()
+				return s
+			}
+		}
+		p.mu.Unlock()
+	}
+	return nil
 }
 
 // Addr is the device's connection-manager address.
@@ -310,7 +417,7 @@ func (d *Device) bringUp(vq verbs.QP, peer endpoint, sqPSN uint32, p verbs.ConnP
 		access = q.access
 		q.mu.Unlock()
 		if access == 0 {
-			access = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
+			access = defaultAccess(d.attr.Atomic)
 		}
 	}
 	steps := []verbs.QPAttr{
@@ -345,15 +452,12 @@ func (d *Device) AllocPD() (verbs.PD, error) {
 func (d *Device) Stats() verbs.DeviceStats {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return verbs.DeviceStats{QPs: len(d.qps), MRs: d.mrs, MRBytes: d.mrB}
+	return verbs.DeviceStats{QPs: d.qps.len(), MRs: d.mrs, MRBytes: d.mrB}
 }
 
 func (d *Device) QPs() []verbs.QPInfo {
 	d.mu.RLock()
-	qs := make([]*qp, 0, len(d.qps))
-	for _, q := range d.qps {
-		qs = append(qs, q)
-	}
+	qs := d.qps.list()
 	d.mu.RUnlock()
 	out := make([]verbs.QPInfo, 0, len(qs))
 	for _, q := range qs {
@@ -370,11 +474,16 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
-	qs := d.qps
-	d.qps = map[uint32]*qp{}
+	qs := d.qps.takeAll()
 	pds, cqs := d.pds, d.cqs
 	d.mu.Unlock()
 	err := d.cm.close()
+	var one [8]byte
+	one[0] = 1
+	_, _ = unix.Write(d.evWake, one[:])
+	<-d.evDone
+	unix.Close(d.evWake)
+	d.events.Close()
 	for _, q := range qs {
 		q.destroy()
 	}
@@ -394,7 +503,8 @@ func (d *Device) Close() error {
 func (d *Device) qpByNum(n uint32) *qp {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.qps[n]
+	q, _ := d.qps.get(n)
+	return q
 }
 
 // pd is a protection domain with its MRs, SRQs and address handles.
@@ -402,10 +512,11 @@ type pd struct {
 	dev *Device
 	pd  *C.struct_ibv_pd
 
-	mu   sync.Mutex // guards the fields below
-	mrs  map[*mr]struct{}
-	srqs []*srq
-	ahs  map[netip.AddrPort]*C.struct_ibv_ah
+	mu      sync.Mutex // guards the fields below
+	mrs     map[*mr]struct{}
+	srqs    []*srq
+	ahs     map[netip.AddrPort]*C.struct_ibv_ah
+	retired []*C.struct_ibv_ah // invalidated, destroyed at close (posted WRs may still name them)
 }
 
 func (p *pd) Device() verbs.Device { return p.dev }
@@ -422,7 +533,23 @@ func (p *pd) close() {
 	for _, ah := range p.ahs {
 		C.ibv_destroy_ah(ah)
 	}
-	p.ahs = nil
+	for _, ah := range p.retired {
+		C.ibv_destroy_ah(ah)
+	}
+	p.ahs, p.retired = nil, nil
+}
+
+// forgetTarget drops the address handle and the CM's answer for a DC
+// target whose WR failed with a retry error: the peer may have come back
+// on another port or GID, so the next WR to it resolves it again.
+func (p *pd) forgetTarget(addr netip.AddrPort) {
+	p.mu.Lock()
+	if ah := p.ahs[addr]; ah != nil {
+		delete(p.ahs, addr)
+		p.retired = append(p.retired, ah)
+	}
+	p.mu.Unlock()
+	p.dev.cm.forget(addr)
 }
 
 // ah returns the address handle for a DC target's CM address, resolving
@@ -458,6 +585,7 @@ func (d *Device) avFor(e endpoint) C.struct_krfs_mod {
 	var m C.struct_krfs_mod
 	m.port = C.uint8_t(d.port)
 	m.dlid = C.uint16_t(e.LID)
+	d.setQoS(&m)
 	if !d.ib { // RoCE: routed by GID (RoCEv2: UDP/IP)
 		m.is_global = 1
 		m.sgid_index = C.uint8_t(d.gidIndex)
@@ -468,7 +596,16 @@ func (d *Device) avFor(e endpoint) C.struct_krfs_mod {
 	return m
 }
 
-// mr is a zero-based memory region over pinned Go memory.
+// setQoS puts the device's traffic class, service level and hop limit
+// into an address vector.
+func (d *Device) setQoS(m *C.struct_krfs_mod) {
+	m.traffic_class = C.uint8_t(d.qos.TrafficClass)
+	m.sl = C.uint8_t(d.qos.SL)
+	m.hop_limit = C.uint8_t(d.qos.hopLimit())
+}
+
+// mr is a memory region over pinned Go memory, registered at its page
+// offset (mrIOVA).
 type mr struct {
 	st     mrState
 	p      *pd
@@ -478,6 +615,7 @@ type mr struct {
 
 func (m *mr) state() *mrState      { return &m.st }
 func (m *mr) Buf() []byte          { return m.st.buf }
+func (m *mr) IOVA() uint64         { return m.st.iova }
 func (m *mr) LKey() uint32         { return m.st.lkey }
 func (m *mr) RKey() uint32         { return m.st.rkey }
 func (m *mr) Access() verbs.Access { return m.st.access }
@@ -493,13 +631,14 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && access&verbs.AccessLocalWrite == 0 {
 		return nil, fmt.Errorf("%w: remote write or atomic access requires local write", verbs.ErrInvalidArg)
 	}
-	m := &mr{p: p, st: mrState{buf: buf, access: access, pd: p}}
+	addr := uintptr(unsafe.Pointer(&buf[0]))
+	m := &mr{p: p, st: mrState{buf: buf, iova: mrIOVA(addr, verbs.PageSize), access: access, pd: p}}
 	// The NIC keeps the address: pin the memory for the MR's lifetime.
 	m.pinner.Pin(&buf[0])
-	cm, err := C.krfs_reg_mr_zero_based(p.pd, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), C.int(mrAccessFlags(access)))
+	cm, err := C.krfs_reg_mr(p.pd, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), C.uint64_t(m.st.iova), C.int(mrAccessFlags(access)))
 	if cm == nil {
 		m.pinner.Unpin()
-		return nil, fmt.Errorf("rdma: ibv_reg_mr_iova(%d bytes, iova 0): %v", len(buf), err)
+		return nil, fmt.Errorf("rdma: ibv_reg_mr_iova(%d bytes, iova %d): %v", len(buf), m.st.iova, err)
 	}
 	m.mr = cm
 	m.st.lkey, m.st.rkey = uint32(cm.lkey), uint32(cm.rkey)
@@ -540,12 +679,17 @@ func (m *mr) deregLocked() {
 	d.mu.Unlock()
 }
 
-// cq is a completion queue with a completion channel: a goroutine waits
-// on the channel's file descriptor (poll(2), not a blocked C call) and
-// signals Notify; Poll and Wait read the CQ itself.
+// cq is a completion queue: two NIC CQs, one for send completions and one
+// for receive completions, sharing a completion channel. An error
+// completion has no valid opcode (mlx5 writes only wr_id, status, qp_num
+// and vendor_err on the error path), so the half it came from is what says
+// whether it completes a send or a receive. A goroutine waits on the
+// channel's file descriptor (poll(2), not a blocked C call) and signals
+// Notify; Poll and Wait read both halves.
 type cq struct {
 	dev   *Device
-	cq    *C.struct_ibv_cq
+	send  *C.struct_ibv_cq // send completions of the QPs using this CQ as send CQ
+	recv  *C.struct_ibv_cq // receive completions of the QPs using it as receive CQ
 	ch    *C.struct_ibv_comp_channel
 	wake  int // eventfd that stops the event goroutine
 	note  chan struct{}
@@ -559,8 +703,8 @@ type cq struct {
 }
 
 func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
-	if depth < 1 || depth > 1<<22 {
-		return nil, fmt.Errorf("%w: CQ depth %d", verbs.ErrInvalidArg, depth)
+	if depth < 1 || depth > d.attr.MaxCQE {
+		return nil, fmt.Errorf("%w: CQ depth %d (1..%d, the device's max_cqe)", verbs.ErrInvalidArg, depth, d.attr.MaxCQE)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -571,23 +715,35 @@ func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
 	if ch == nil {
 		return nil, fmt.Errorf("rdma: ibv_create_comp_channel: %v", err)
 	}
-	c, err := C.ibv_create_cq(d.ctx, C.int(depth), nil, ch, 0)
-	if c == nil {
+	x := &cq{dev: d, ch: ch, note: make(chan struct{}, 1), done: make(chan struct{}), depth: depth, raw: make([]C.struct_krfs_wc, 64)}
+	fail := func(err error) (verbs.CQ, error) {
+		if x.send != nil {
+			C.ibv_destroy_cq(x.send)
+		}
+		if x.recv != nil {
+			C.ibv_destroy_cq(x.recv)
+		}
 		C.ibv_destroy_comp_channel(ch)
-		return nil, fmt.Errorf("rdma: ibv_create_cq(%d): %v", depth, err)
+		return nil, err
+	}
+	if x.send, err = C.ibv_create_cq(d.ctx, C.int(depth), nil, ch, 0); x.send == nil {
+		return fail(fmt.Errorf("rdma: ibv_create_cq(%d): %v", depth, err))
+	}
+	if x.recv, err = C.ibv_create_cq(d.ctx, C.int(depth), nil, ch, 0); x.recv == nil {
+		return fail(fmt.Errorf("rdma: ibv_create_cq(%d): %v", depth, err))
 	}
 	wake, err2 := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err2 == nil {
-		err2 = unix.SetNonblock(int(ch.fd), true)
+		if err2 = unix.SetNonblock(int(ch.fd), true); err2 != nil {
+			unix.Close(wake)
+		}
 	}
 	if err2 != nil {
-		C.ibv_destroy_cq(c)
-		C.ibv_destroy_comp_channel(ch)
-		return nil, fmt.Errorf("rdma: completion channel: %w", err2)
+		return fail(fmt.Errorf("rdma: completion channel: %w", err2))
 	}
-	x := &cq{dev: d, cq: c, ch: ch, wake: wake, note: make(chan struct{}, 1), done: make(chan struct{}),
-		depth: depth, raw: make([]C.struct_krfs_wc, 64)}
-	C.krfs_req_notify(c)
+	x.wake = wake
+	C.krfs_req_notify(x.send)
+	C.krfs_req_notify(x.recv)
 	go x.events()
 	d.cqs = append(d.cqs, x)
 	return x, nil
@@ -626,15 +782,23 @@ func (c *cq) signal() {
 	}
 }
 
-// fillLocked moves NIC completions into pending.
+// fillLocked moves NIC completions of both halves into pending.
 func (c *cq) fillLocked() {
+	c.fillHalfLocked(c.recv, true)
+	c.fillHalfLocked(c.send, false)
+}
+
+func (c *cq) fillHalfLocked(half *C.struct_ibv_cq, recv bool) {
 	for {
-		n := int(C.krfs_poll(c.cq, &c.raw[0], C.int(len(c.raw))))
+		n := int(C.krfs_poll(half, &c.raw[0], C.int(len(c.raw))))
 		if n <= 0 {
 			return
 		}
 		for i := range n {
-			c.pending = append(c.pending, c.dev.translate(&c.raw[i]))
+			w := &c.raw[i]
+			raw := rawWC{wrID: uint64(w.wr_id), status: uint32(w.status), opcode: uint32(w.opcode), qpNum: uint32(w.qp_num),
+				srcQP: uint32(w.src_qp), byteLen: uint32(w.byte_len), imm: uint32(w.imm), flags: uint32(w.wc_flags), vendorErr: uint32(w.vendor_err)}
+			c.pending = append(c.pending, c.dev.translate(&raw, recv))
 		}
 		if n < len(c.raw) {
 			return
@@ -696,57 +860,55 @@ func (c *cq) Destroy() error {
 	<-c.done
 	unix.Close(c.wake)
 	c.signal()
-	if rc := C.ibv_destroy_cq(c.cq); rc != 0 {
-		return fmt.Errorf("rdma: ibv_destroy_cq: %v (QPs still use it)", syscall.Errno(rc))
+	rc1, rc2 := C.ibv_destroy_cq(c.send), C.ibv_destroy_cq(c.recv)
+	if rc1 != 0 || rc2 != 0 {
+		return fmt.Errorf("rdma: ibv_destroy_cq: %v, %v (QPs still use it)", syscall.Errno(rc1), syscall.Errno(rc2))
 	}
 	C.ibv_destroy_comp_channel(c.ch)
 	return nil
 }
 
-// translate turns a NIC completion into a verbs.WC, retiring send WRs.
-func (d *Device) translate(w *C.struct_krfs_wc) verbs.WC {
-	q := d.qpByNum(uint32(w.qp_num))
-	recv := uint32(w.opcode)&ibvWCRecv != 0
-	st, why := wcStatus(uint32(w.status), recv)
-	hasImm := uint32(w.wc_flags)&ibvWCWithImm != 0
-	wc := verbs.WC{ID: uint64(w.wr_id), Status: st, Reason: why, QPN: uint32(w.qp_num), ByteLen: uint32(w.byte_len),
-		SrcQPN: uint32(w.src_qp)}
-	if st == verbs.StatusSuccess {
-		wc.Op = wcOpcode(uint32(w.opcode), hasImm)
-		if hasImm {
-			wc.Imm, wc.HasImm = uint32(w.imm), true
-		}
-	}
+// translate turns a NIC completion from a CQ's receive half (recv) or send
+// half into a verbs.WC (decodeWC), retiring send WRs, draining the SRQ's
+// count and following the QP into ERR. Only the fields an error completion
+// defines are read for one.
+func (d *Device) translate(w *rawWC, recv bool) verbs.WC {
+	wc := decodeWC(w, recv)
+	q := d.qpByNum(wc.QPN)
 	if q == nil {
 		return wc
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if recv && q.srq != nil {
 		q.srq.posted.Add(-1)
 	}
 	current := true // false for a completion from before the QP's last RESET
+	var forget netip.AddrPort
 	switch {
 	case recv:
-		if st != verbs.StatusSuccess {
-			wc.Op = verbs.OpRecv
-		}
-		if q.typ == verbs.RC {
+		if q.typ == verbs.RC && wc.Status == verbs.StatusSuccess {
 			wc.SrcAddr, wc.SrcQPN = q.remote, q.remoteQPN
 		}
 		// A DCT receive names the DCI's QPN; the NIC does not report the
 		// sender's address, so SrcAddr stays zero on hardware.
 	default:
-		// Send completions carry the opcode the WR was posted with (an
-		// error CQE has none, and WRITE_WITH_IMM completes as a WRITE).
-		var op verbs.Opcode
-		if op, current = q.sq.complete(wc.ID); current {
-			wc.Op = op
+		// A successful send completion carries the opcode the WR was
+		// posted with (WRITE_WITH_IMM completes as a WRITE).
+		var p posted
+		if p, current = q.sq.complete(wc.ID); current && wc.Status == verbs.StatusSuccess {
+			wc.Op = p.op
+		}
+		if current && q.typ == verbs.DCI && p.target.IsValid() && invalidatesTarget(wc.Status) {
+			forget = p.target
 		}
 	}
-	if current && st != verbs.StatusSuccess && q.typ != verbs.DCT {
+	if current && wc.Status != verbs.StatusSuccess && q.typ != verbs.DCT {
 		// The NIC moved the QP to ERR (a DCT, being shared, stays up).
 		q.state = verbs.StateErr
+	}
+	q.mu.Unlock()
+	if forget.IsValid() {
+		q.pd.forgetTarget(forget) // takes pd.mu and the CM's lock: not under q.mu
 	}
 	return wc
 }
@@ -761,8 +923,8 @@ type srq struct {
 }
 
 func (p *pd) CreateSRQ(depth int) (verbs.SRQ, error) {
-	if depth < 1 || depth > 1<<16 {
-		return nil, fmt.Errorf("%w: SRQ depth %d (1..65536)", verbs.ErrInvalidArg, depth)
+	if err := checkSRQDepth(depth, p.dev.attr.MaxSRQWR); err != nil {
+		return nil, err
 	}
 	var a C.struct_ibv_srq_init_attr
 	a.attr.max_wr = C.uint32_t(depth)
@@ -791,6 +953,20 @@ func (s *srq) PostRecv(wrs []verbs.RecvWR) error {
 // knows: receives the NIC consumed are subtracted when their completions
 // are polled (Device.translate).
 func (s *srq) Posted() int { return int(s.posted.Load()) }
+
+// ArmLimit implements verbs.SRQ (ibv_modify_srq with IBV_SRQ_LIMIT).
+func (s *srq) ArmLimit(limit int) error {
+	if s.dead.Load() {
+		return fmt.Errorf("%w: SRQ", verbs.ErrDestroyed)
+	}
+	if limit < 0 || limit > s.depth {
+		return fmt.Errorf("%w: SRQ limit %d (0..%d)", verbs.ErrInvalidArg, limit, s.depth)
+	}
+	if rc := C.krfs_arm_srq(s.srq, C.uint32_t(limit)); rc != 0 {
+		return fmt.Errorf("rdma: ibv_modify_srq(limit %d): %v", limit, syscall.Errno(rc))
+	}
+	return nil
+}
 
 func (s *srq) Destroy() error {
 	if s.dead.Swap(true) {
@@ -823,7 +999,7 @@ func postRecv(q *C.struct_ibv_qp, s *C.struct_ibv_srq, p *pd, wrs []verbs.RecvWR
 			break
 		}
 		m := wrs[i].Local.MR.(mrStater).state()
-		raw = append(raw, C.struct_krfs_recv{wr_id: C.uint64_t(wrs[i].ID), laddr: C.uint64_t(wrs[i].Local.Offset),
+		raw = append(raw, C.struct_krfs_recv{wr_id: C.uint64_t(wrs[i].ID), laddr: C.uint64_t(m.localAddr(wrs[i].Local.Offset)),
 			length: C.uint32_t(wrs[i].Local.Length), lkey: C.uint32_t(m.lkey)})
 	}
 	if len(raw) == 0 {
@@ -841,13 +1017,13 @@ type qp struct {
 	pd   *pd
 	qp   *C.struct_ibv_qp
 	typ  verbs.QPType
-	qpn  uint32
 	caps verbs.QPCaps
 	scq  *cq
 	rcq  *cq
 	srq  *srq
 
 	mu        sync.Mutex // guards the fields below
+	qpn       uint32     // a DCT's is 0 until RTR
 	state     verbs.QPState
 	dead      bool
 	access    verbs.Access // kept across RESET, like softnic
@@ -889,7 +1065,7 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 			}
 			cs = s.srq
 		}
-		cqp, err = C.krfs_create_rc(p.pd, scq.cq, rcq.cq, cs, C.uint32_t(caps.MaxSendWR), C.uint32_t(caps.MaxRecvWR), C.uint32_t(caps.MaxInline))
+		cqp, err = C.krfs_create_rc(p.pd, scq.send, rcq.recv, cs, C.uint32_t(caps.MaxSendWR), C.uint32_t(caps.MaxRecvWR), C.uint32_t(caps.MaxInline))
 	case verbs.DCI, verbs.DCT:
 		if !d.dc {
 			return nil, fmt.Errorf("%w: %s has no DC transport (%s); run RC-only", verbs.ErrInvalidArg, d.name, d.dcNote)
@@ -898,12 +1074,16 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 			if scq == nil || scq.dev != d {
 				return nil, fmt.Errorf("%w: DCI needs a send CQ of this device", verbs.ErrInvalidArg)
 			}
-			cqp, err = C.krfs_create_dc(d.ctx, p.pd, scq.cq, nil, 0, 0, C.uint32_t(caps.MaxSendWR), C.uint32_t(caps.MaxInline))
+			atomics := C.int(0)
+			if d.attr.Atomic != verbs.AtomicNone {
+				atomics = 1
+			}
+			cqp, err = C.krfs_create_dc(d.ctx, p.pd, scq.send, scq.recv, nil, 0, 0, C.uint32_t(caps.MaxSendWR), C.uint32_t(caps.MaxInline), atomics)
 		} else {
 			if rcq == nil || rcq.dev != d || s == nil {
 				return nil, fmt.Errorf("%w: a DCT needs a receive CQ of this device and an SRQ", verbs.ErrInvalidArg)
 			}
-			cqp, err = C.krfs_create_dc(d.ctx, p.pd, rcq.cq, s.srq, 1, C.uint64_t(cfg.DCKey), 0, 0)
+			cqp, err = C.krfs_create_dc(d.ctx, p.pd, rcq.send, rcq.recv, s.srq, 1, C.uint64_t(cfg.DCKey), 0, 0, 0)
 		}
 	default:
 		return nil, fmt.Errorf("%w: QP type %v", verbs.ErrInvalidArg, cfg.Type)
@@ -911,15 +1091,29 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	if cqp == nil {
 		return nil, fmt.Errorf("rdma: creating a %v QP: %v", cfg.Type, err)
 	}
-	q := &qp{pd: p, qp: cqp, typ: cfg.Type, qpn: uint32(cqp.qp_num), caps: caps, scq: scq, rcq: rcq, srq: s,
+	q := &qp{pd: p, qp: cqp, typ: cfg.Type, caps: caps, scq: scq, rcq: rcq, srq: s,
 		sq: newSendTrack(caps.MaxSendWR), attr: verbs.QPAttr{RetryCnt: 7, RNRRetry: 7}}
-	d.mu.Lock()
-	d.qps[q.qpn] = q
-	d.mu.Unlock()
+	if cfg.Type != verbs.DCT {
+		// A DCT has no number yet: mlx5 assigns it at RTR (modify).
+		q.qpn = uint32(cqp.qp_num)
+		d.mu.Lock()
+		err = d.qps.add(q.qpn, q)
+		d.mu.Unlock()
+		if err != nil {
+			C.ibv_destroy_qp(cqp)
+			return nil, err
+		}
+	}
 	return q, nil
 }
 
-func (q *qp) QPN() uint32        { return q.qpn }
+// QPN implements verbs.QP: 0 for a DCT before RTR.
+func (q *qp) QPN() uint32 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.qpn
+}
+
 func (q *qp) Type() verbs.QPType { return q.typ }
 func (q *qp) SendQueueFree() int {
 	q.mu.Lock()
@@ -965,17 +1159,16 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 		return verbs.ErrDestroyed
 	}
 	from := q.state
-	if !verbs.ValidTransition(from, a.State) {
-		return fmt.Errorf("%w: %v -> %v on %v QP %d", verbs.ErrTransition, from, a.State, q.typ, q.qpn)
+	access := q.access
+	if a.Access != 0 {
+		access = a.Access
 	}
-	if a.State == verbs.StateRTS && q.typ == verbs.DCT {
-		return fmt.Errorf("%w: a DCT serves in RTR; it has no send side", verbs.ErrTransition)
-	}
-	if from == verbs.StateRTS && a.State == verbs.StateRTS && (a.Timeout != 0 || a.RetryCnt != 0 || a.RNRRetry != 0 || a.Mask != 0) {
-		return fmt.Errorf("%w: hardware cannot change timeouts or retry counts in RTS (IBA RTS->RTS)", verbs.ErrInvalidArg)
-	}
-	if a.RetryCnt < 0 || a.RetryCnt > 7 || a.RNRRetry < 0 || a.RNRRetry > 7 {
-		return fmt.Errorf("%w: retry counts are 0..7", verbs.ErrInvalidArg)
+	// Invalid transitions (a DCT's to ERR, a DCI's RESET->ERR, ...) and
+	// atomic access without atomics never reach the kernel.
+	chk := a
+	chk.Access = access
+	if err := checkModify(q.typ, from, &chk, d.attr.Atomic, d.mtu); err != nil {
+		return fmt.Errorf("%w (%v QP %d)", err, q.typ, q.qpn)
 	}
 	// Timeouts and retry counts take effect at RTS. Like softnic, a QP
 	// keeps what it was given across transitions and RESET (meta sets
@@ -997,10 +1190,6 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 	if a.PathMTU != 0 {
 		at.PathMTU = a.PathMTU
 	}
-	access := q.access
-	if a.Access != 0 {
-		access = a.Access
-	}
 	m := C.struct_krfs_mod{qp_type: C.int(q.typ), state: C.int(qpState(a.State)), from: C.int(qpState(from)),
 		access: C.uint32_t(accessFlags(access)), port: C.uint8_t(d.port)}
 	switch a.State {
@@ -1016,6 +1205,7 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 		m.mtu = C.uint32_t(e)
 		m.min_rnr_timer = C.uint8_t(rnrTimerCode(at.MinRNRTimer))
 		m.max_rd_atomic = C.uint8_t(min(q.caps.MaxRdAtomic, 16))
+		d.setQoS(&m)
 		if peer != nil {
 			av := d.avFor(*peer)
 			m.dlid, m.is_global, m.sgid_index, m.dgid = av.dlid, av.is_global, av.sgid_index, av.dgid
@@ -1036,7 +1226,23 @@ func (q *qp) modify(a verbs.QPAttr, peer *endpoint) error {
 		m.max_rd_atomic = C.uint8_t(min(q.caps.MaxRdAtomic, 16))
 	}
 	if rc := C.krfs_modify(q.qp, &m); rc != 0 {
-		return fmt.Errorf("rdma: ibv_modify_qp %v -> %v on %v QP %d: %v", from, a.State, q.typ, q.qpn, syscall.Errno(rc))
+		err := error(syscall.Errno(rc))
+		if rc == C.EOPNOTSUPP {
+			// mlx5 without DC atomics refuses a DCT's remote atomic access.
+			err = fmt.Errorf("%w: %v", verbs.ErrNotSupported, err)
+		}
+		return fmt.Errorf("rdma: ibv_modify_qp %v -> %v on %v QP %d: %w", from, a.State, q.typ, q.qpn, err)
+	}
+	if q.typ == verbs.DCT && a.State == verbs.StateRTR {
+		// The DCT's number exists now (rdma-core set qp_num from the
+		// kernel's answer to INIT->RTR): completions and events name it.
+		q.qpn = uint32(q.qp.qp_num)
+		d.mu.Lock()
+		err := d.qps.add(q.qpn, q)
+		d.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("rdma: the DCT has no number after RTR: %w", err)
+		}
 	}
 	q.state, q.attr = a.State, at
 	if a.Access != 0 {
@@ -1096,7 +1302,7 @@ func (q *qp) postLocked(wrs []verbs.SendWR, ahs []*C.struct_ibv_ah, tail error) 
 		case q.sq.free() <= len(q.raw):
 			err = fmt.Errorf("%w: %d WRs outstanding", verbs.ErrQueueFull, q.caps.MaxSendWR)
 		default:
-			err = checkSend(wr, q.typ, q.caps, q.pd)
+			err = checkSend(wr, q.typ, q.caps, q.pd, q.pd.dev.attr.Atomic)
 		}
 		if err != nil {
 			perr = &verbs.PostError{Index: i, Err: err}
@@ -1113,7 +1319,7 @@ func (q *qp) postLocked(wrs []verbs.SendWR, ahs []*C.struct_ibv_ah, tail error) 
 			r.length = C.uint32_t(len(wr.InlineData))
 		} else if wr.Local.MR != nil {
 			m := wr.Local.MR.(mrStater).state()
-			r.laddr, r.length, r.lkey = C.uint64_t(wr.Local.Offset), C.uint32_t(wr.Local.Length), C.uint32_t(m.lkey)
+			r.laddr, r.length, r.lkey = C.uint64_t(m.localAddr(wr.Local.Offset)), C.uint32_t(wr.Local.Length), C.uint32_t(m.lkey)
 		}
 		if q.typ == verbs.DCI {
 			r.ah = C.uint64_t(uintptr(unsafe.Pointer(ahs[i])))
@@ -1144,7 +1350,11 @@ func (q *qp) postLocked(wrs []verbs.SendWR, ahs []*C.struct_ibv_ah, tail error) 
 		}
 	}
 	for i := range n {
-		q.sq.push(posted{id: wrs[i].ID, op: wrs[i].Op, signaled: wrs[i].Flags&verbs.Signaled != 0})
+		p := posted{id: wrs[i].ID, op: wrs[i].Op, signaled: wrs[i].Flags&verbs.Signaled != 0}
+		if wrs[i].Target != nil {
+			p.target = wrs[i].Target.Addr
+		}
+		q.sq.push(p)
 	}
 	if rc != 0 {
 		return &verbs.PostError{Index: n, Err: fmt.Errorf("rdma: post send: %v", syscall.Errno(rc))}
@@ -1175,10 +1385,11 @@ func (q *qp) Destroy() error {
 		q.mu.Unlock()
 		return fmt.Errorf("%w: QP %d", verbs.ErrDestroyed, q.qpn)
 	}
+	num := q.qpn
 	q.mu.Unlock()
 	d := q.pd.dev
 	d.mu.Lock()
-	delete(d.qps, q.qpn)
+	d.qps.remove(num, q)
 	d.mu.Unlock()
 	return q.destroy()
 }

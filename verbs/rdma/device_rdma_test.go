@@ -21,7 +21,9 @@ func hardware(t *testing.T) Config {
 	if err != nil {
 		t.Fatalf("Devices: %v", err)
 	}
-	cfg := Config{Device: os.Getenv("KRFS_RDMA_DEVICE"), GIDIndex: -1}
+	// Port 0: every device of the suite opens the same RNIC port, each
+	// with a connection manager of its own.
+	cfg := Config{Device: os.Getenv("KRFS_RDMA_DEVICE"), GIDIndex: -1, CMAddr: ":0"}
 	if p := os.Getenv("KRFS_RDMA_PORT"); p != "" {
 		cfg.Port, _ = strconv.Atoi(p)
 	}
@@ -66,7 +68,7 @@ func TestConformanceHardware(t *testing.T) {
 	}
 	caps := first.Caps()
 	first.Close()
-	t.Logf("testing on %s port %d (%s, gid %v, DC %v %s)", caps.Name, caps.Port, caps.LinkLayer, caps.GID, caps.DC, caps.DCNote)
+	t.Logf("testing on %s port %d (%s, gid %v, DC %v %s, atomics %v)", caps.Name, caps.Port, caps.LinkLayer, caps.GID, caps.DC, caps.DCNote, caps.Atomic)
 	verbstest.Run(t, verbstest.Fabric{
 		NewDevice: func(t testing.TB) verbs.Device {
 			d, err := Open(cfg)

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 #include <infiniband/mlx5dv.h>
 
@@ -15,7 +16,7 @@
 // integers, valid for the duration of the post call).
 struct krfs_wr {
 	uint64_t wr_id;
-	uint64_t laddr;      // local offset (MRs are registered at iova 0) or inline data address
+	uint64_t laddr;      // local IOVA (the MR's IOVA plus the SGE's offset) or inline data address
 	uint64_t raddr;      // remote offset
 	uint64_t compare_add;
 	uint64_t swap;
@@ -52,6 +53,7 @@ struct krfs_mod {
 	uint8_t  max_rd_atomic, port, sgid_index, is_global;
 	uint16_t dlid;
 	uint8_t  dgid[16];
+	uint8_t  traffic_class, sl, hop_limit; // QoS of the address vector
 };
 
 static inline int krfs_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
@@ -69,8 +71,35 @@ static inline int krfs_query_gid(struct ibv_context *ctx, uint32_t port, uint32_
 	return 0;
 }
 
-static inline struct ibv_mr *krfs_reg_mr_zero_based(struct ibv_pd *pd, void *addr, size_t len, int access) {
-	return ibv_reg_mr_iova(pd, addr, len, 0, access);
+// krfs_reg_mr registers len bytes at addr at IOVA iova, which must equal
+// addr's offset in its page (the kernel refuses anything else).
+static inline struct ibv_mr *krfs_reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access) {
+	return ibv_reg_mr_iova(pd, addr, len, iova, access);
+}
+
+// krfs_probe_mr registers what the verbs contract registers: a page at
+// IOVA 0, and a buffer 80 bytes into a page (where malloc puts small
+// blocks) at IOVA 80. It returns 0 or the errno of the first refusal.
+static inline int krfs_probe_mr(struct ibv_pd *pd, int access) {
+	long page = sysconf(_SC_PAGESIZE);
+	void *buf = NULL;
+	int rc = posix_memalign(&buf, page, 2 * page);
+	if (rc)
+		return rc;
+	struct ibv_mr *mr = ibv_reg_mr_iova(pd, buf, page, 0, access);
+	if (!mr) {
+		rc = errno ? errno : EINVAL;
+		free(buf);
+		return rc;
+	}
+	ibv_dereg_mr(mr);
+	mr = ibv_reg_mr_iova(pd, (char *)buf + page + 80, 64, 80, access);
+	if (!mr)
+		rc = errno ? errno : EINVAL;
+	else
+		ibv_dereg_mr(mr);
+	free(buf);
+	return rc;
 }
 
 static inline struct ibv_qp *krfs_create_rc(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv_srq *srq,
@@ -89,15 +118,18 @@ static inline struct ibv_qp *krfs_create_rc(struct ibv_pd *pd, struct ibv_cq *sc
 	return ibv_create_qp(pd, &a);
 }
 
-// krfs_create_dc creates a DCI (key ignored) or a DCT through mlx5 direct verbs.
-static inline struct ibv_qp *krfs_create_dc(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_srq *srq,
-		int dct, uint64_t key, uint32_t send_wr, uint32_t inline_size) {
+// krfs_create_dc creates a DCI (key ignored) or a DCT through mlx5 direct
+// verbs. A DCI asks for the atomic send operations only with atomics: mlx5
+// refuses a DCI with them (EOPNOTSUPP) on a device whose atomic_cap is
+// NONE. A DCT's send CQ (unused) and receive CQ are scq and cq.
+static inline struct ibv_qp *krfs_create_dc(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *cq,
+		struct ibv_srq *srq, int dct, uint64_t key, uint32_t send_wr, uint32_t inline_size, int atomics) {
 	struct ibv_qp_init_attr_ex a;
 	struct mlx5dv_qp_init_attr dv;
 	memset(&a, 0, sizeof a);
 	memset(&dv, 0, sizeof dv);
 	a.qp_type = IBV_QPT_DRIVER;
-	a.send_cq = cq;
+	a.send_cq = scq;
 	a.recv_cq = cq;
 	a.pd = pd;
 	a.comp_mask = IBV_QP_INIT_ATTR_PD;
@@ -109,8 +141,9 @@ static inline struct ibv_qp *krfs_create_dc(struct ibv_context *ctx, struct ibv_
 	} else {
 		a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 		a.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-			IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-			IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+			IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ;
+		if (atomics)
+			a.send_ops_flags |= IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 		a.cap.max_send_wr = send_wr;
 		a.cap.max_send_sge = 1;
 		a.cap.max_inline_data = inline_size;
@@ -123,11 +156,13 @@ static inline void krfs_fill_av(struct ibv_ah_attr *av, const struct krfs_mod *m
 	memset(av, 0, sizeof *av);
 	av->port_num = m->port;
 	av->dlid = m->dlid;
+	av->sl = m->sl;
 	if (m->is_global) {
 		av->is_global = 1;
 		memcpy(av->grh.dgid.raw, m->dgid, 16);
 		av->grh.sgid_index = m->sgid_index;
-		av->grh.hop_limit = 64;
+		av->grh.hop_limit = m->hop_limit;
+		av->grh.traffic_class = m->traffic_class;
 	}
 }
 
@@ -360,16 +395,73 @@ static inline struct ibv_ah *krfs_create_ah(struct ibv_pd *pd, const struct krfs
 
 static inline int krfs_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
-// krfs_probe_dc reports 0 if a DCI can be created on ctx (the device
-// offers DC), else an errno.
+// krfs_probe_dc reports 0 if a DCI (without atomics) can be created on
+// ctx, -1 if the device is not an mlx5 device, else the errno of the
+// refusal.
 static inline int krfs_probe_dc(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq) {
 	if (!mlx5dv_is_supported(ctx->device))
-		return EOPNOTSUPP;
-	struct ibv_qp *qp = krfs_create_dc(ctx, pd, cq, NULL, 0, 0, 1, 0);
+		return -1;
+	errno = 0;
+	struct ibv_qp *qp = krfs_create_dc(ctx, pd, cq, cq, NULL, 0, 0, 1, 0, 0);
 	if (!qp)
 		return errno ? errno : EOPNOTSUPP;
 	ibv_destroy_qp(qp);
 	return 0;
+}
+
+// krfs_event is an asynchronous event as Go reads it.
+struct krfs_event {
+	uint32_t type;
+	uint32_t qp_num;   // QP events: the QP's number (a DCT's, after RTR)
+	uint64_t cq, srq;  // CQ and SRQ events: the object's address
+	uint32_t port;
+};
+
+// krfs_get_event reads one asynchronous event (the context's async fd is
+// non-blocking: EAGAIN when there is none), copies what Go needs and
+// acknowledges it at once, so that destroying the object it names never
+// waits. It returns 0 or an errno.
+static inline int krfs_get_event(struct ibv_context *ctx, struct krfs_event *out) {
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev))
+		return errno ? errno : EAGAIN;
+	memset(out, 0, sizeof *out);
+	out->type = ev.event_type;
+	switch (ev.event_type) {
+	case IBV_EVENT_CQ_ERR:
+		out->cq = (uint64_t)(uintptr_t)ev.element.cq;
+		break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		out->srq = (uint64_t)(uintptr_t)ev.element.srq;
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		out->port = ev.element.port_num;
+		break;
+	case IBV_EVENT_DEVICE_FATAL:
+		break;
+	case IBV_EVENT_WQ_FATAL:
+		break;
+	default:
+		out->qp_num = ev.element.qp ? ev.element.qp->qp_num : 0;
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 0;
+}
+
+// krfs_arm_srq arms an SRQ's limit (0 disarms).
+static inline int krfs_arm_srq(struct ibv_srq *srq, uint32_t limit) {
+	struct ibv_srq_attr a;
+	memset(&a, 0, sizeof a);
+	a.srq_limit = limit;
+	return ibv_modify_srq(srq, &a, IBV_SRQ_LIMIT);
 }
 
 #endif

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/krfs/krfs/verbs"
 )
 
 // Errors of opening and listing devices.
@@ -24,15 +26,41 @@ type DeviceInfo struct {
 	FW       string
 	VendorID uint32
 	PartID   uint32
+	// Err says why the device could not be opened or queried; the rest
+	// of the listing goes on without it.
+	Err string `json:",omitempty"`
+	// Transport is "InfiniBand" (InfiniBand and RoCE) or "iWARP" (siw,
+	// iWARP RNICs: krfs cannot use them, they need the iWARP connection
+	// manager and have no RoCEv2 GID).
+	Transport string
 	// DC says whether the device offers the Dynamically Connected
 	// transport (mlx5 direct verbs and a DCI that could be created);
 	// DCNote says why not.
 	DC     bool
 	DCNote string
-	// ZeroBased says whether the device registers zero-based MRs (the
-	// verbs contract); probed by registering a page with iova 0.
-	ZeroBased bool
-	Ports     []PortInfo
+	// IOVA says whether the device registers MRs at the IOVA the verbs
+	// contract gives them (their page offset: IOVA 0 for a page, 80 for a
+	// buffer 80 bytes into one), probed by registering both.
+	IOVA bool
+	// Atomic is what the device's atomics guarantee (atomic_cap); NONE
+	// on upstream mlx5 unless its firmware answers atomics in host order.
+	Atomic verbs.AtomicCap
+	// MaxSRQWR and MaxCQE bound SRQ and CQ depths.
+	MaxSRQWR, MaxCQE, MaxQPWR int
+	Ports                     []PortInfo
+}
+
+// unusable says why krfs cannot use the device at all ("" if it can).
+func (d *DeviceInfo) unusable() string {
+	switch {
+	case d.Err != "":
+		return d.Err
+	case d.Transport == "iWARP":
+		return "an iWARP device (siw, iWARP RNICs): krfs needs RoCE or InfiniBand"
+	case !d.IOVA:
+		return "cannot register MRs at their page offset (ibv_reg_mr_iova): kernel or driver too old"
+	}
+	return ""
 }
 
 // PortInfo describes one port of a device.
@@ -55,15 +83,23 @@ type GIDInfo struct {
 
 // Usable reports whether the port can carry krfs traffic: active, with a
 // LID (InfiniBand) or a RoCEv2 GID (Ethernet).
-func (p PortInfo) Usable() bool {
+func (p PortInfo) Usable() bool { return p.whyUnusable() == "" }
+
+// whyUnusable says why the port cannot carry krfs traffic ("" if it can).
+func (p PortInfo) whyUnusable() string {
 	if p.State != "ACTIVE" {
-		return false
+		return "not ACTIVE: no link"
 	}
 	if p.LinkLayer == "InfiniBand" {
-		return p.LID != 0
+		if p.LID == 0 {
+			return "no LID: is a subnet manager running?"
+		}
+		return ""
 	}
-	_, ok := p.DefaultGID()
-	return ok
+	if _, ok := p.DefaultGID(); !ok {
+		return "no RoCEv2 GID"
+	}
+	return ""
 }
 
 // DefaultGID picks the GID index krfs uses when none is configured: on
@@ -101,25 +137,43 @@ type Config struct {
 	GIDIndex int
 	// CMAddr is the UDP address of the device's connection manager, which
 	// is also the device's verbs address. Empty means the GID's IP (RoCE)
-	// or all interfaces (InfiniBand) on port 0, a free port.
+	// or all interfaces (InfiniBand) at DefaultCMPort; a missing or
+	// unspecified host means the GID's IP; port 0 picks a free port; port
+	// 4791 (RoCEv2's) is refused.
 	CMAddr string
+	// QoS is the traffic class, service level and hop limit of every QP
+	// and address handle.
+	QoS QoS
 }
 
 // Describe formats devices for `krfs devices`.
 func Describe(devs []DeviceInfo) string {
 	var b strings.Builder
 	for _, d := range devs {
+		if d.Err != "" {
+			fmt.Fprintf(&b, "%s  NOT USABLE: %s\n", d.Name, d.Err)
+			continue
+		}
 		fmt.Fprintf(&b, "%s  guid %s  fw %s  vendor %#x part %d\n", d.Name, d.NodeGUID, d.FW, d.VendorID, d.PartID)
+		if bad := d.unusable(); bad != "" {
+			fmt.Fprintf(&b, "  NOT USABLE: %s\n", bad)
+		}
 		if d.DC {
 			b.WriteString("  DC: yes (mlx5 DCI/DCT)\n")
 		} else {
 			fmt.Fprintf(&b, "  DC: no (%s): krfs runs RC-only on this device\n", d.DCNote)
 		}
-		if !d.ZeroBased {
-			b.WriteString("  zero-based MRs: NO: krfs cannot use this device (kernel or driver too old)\n")
+		atom := ""
+		if d.Atomic == verbs.AtomicNone {
+			atom = ": krfs refuses atomic operations on this device"
 		}
+		fmt.Fprintf(&b, "  atomics: %v%s  max SRQ %d  max CQ %d\n", d.Atomic, atom, d.MaxSRQWR, d.MaxCQE)
 		for _, p := range d.Ports {
-			fmt.Fprintf(&b, "  port %d  %s  %s  lid %d  mtu %d  usable %v\n", p.Num, p.State, p.LinkLayer, p.LID, p.ActiveMTU, p.Usable())
+			usable := "usable"
+			if why := p.whyUnusable(); why != "" {
+				usable = "not usable: " + why
+			}
+			fmt.Fprintf(&b, "  port %d  %s  %s  lid %d  mtu %d  %s\n", p.Num, p.State, p.LinkLayer, p.LID, p.ActiveMTU, usable)
 			for _, g := range p.GIDs {
 				ip := ""
 				if p.LinkLayer == "Ethernet" {
@@ -145,4 +199,40 @@ type Caps struct {
 	// must run RC-only. DCNote says why not.
 	DC     bool
 	DCNote string
+	Atomic verbs.AtomicCap
+	QoS    QoS
+}
+
+// Plan says what Open would open for cfg among devs, in one line for
+// `krfs devices`: the device, port and GID, and the address its
+// connection manager (the node's address for peers) would bind; or why
+// nothing is usable.
+func Plan(devs []DeviceInfo, cfg Config) (string, error) {
+	d, p, err := pickPort(devs, cfg)
+	if err != nil {
+		return "", err
+	}
+	g, ok := p.DefaultGID()
+	if cfg.GIDIndex >= 0 {
+		ok = false
+		for _, x := range p.GIDs {
+			if x.Index == cfg.GIDIndex {
+				g, ok = x, true
+			}
+		}
+	}
+	ib := p.LinkLayer == "InfiniBand"
+	if !ok && !ib {
+		return "", fmt.Errorf("%w: %s port %d has no GID at index %d", ErrNoDevice, d.Name, p.Num, cfg.GIDIndex)
+	}
+	addr, err := cmListenAddr(cfg.CMAddr, g.GID, ib)
+	if err != nil {
+		return "", err
+	}
+	dc := "DC"
+	if !d.DC {
+		dc = "RC only"
+	}
+	return fmt.Sprintf("%s port %d (%s, %s), GID %d %v, connection manager on %s, atomics %v",
+		d.Name, p.Num, p.LinkLayer, dc, g.Index, g.GID, addr, d.Atomic), nil
 }

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 
 	"github.com/krfs/krfs/verbs"
@@ -17,11 +18,16 @@ const MaxMsgSize = 1 << 30
 // is checked here before the WR reaches the NIC.
 type mrState struct {
 	buf        []byte
+	iova       uint64 // the IOVA buf[0] is registered at (mrIOVA)
 	lkey, rkey uint32
 	access     verbs.Access
 	pd         any // identity of the MR's PD
 	dead       atomic.Bool
 }
+
+// localAddr is the address an SGE at offset off of the MR names to the
+// NIC: the MR's IOVA plus the offset.
+func (m *mrState) localAddr(off uint64) uint64 { return m.iova + off }
 
 // mrStater is implemented by this backend's MRs.
 type mrStater interface{ state() *mrState }
@@ -51,9 +57,10 @@ func checkSGE(s verbs.SGE, pd any, need verbs.Access) error {
 	return nil
 }
 
-// checkSend validates a send WR for a QP of type typ with caps, in PD pd.
-// The QP's state is checked by the caller.
-func checkSend(wr *verbs.SendWR, typ verbs.QPType, caps verbs.QPCaps, pd any) error {
+// checkSend validates a send WR for a QP of type typ with caps, in PD pd,
+// on a device whose atomics are atomics. The QP's state is checked by the
+// caller.
+func checkSend(wr *verbs.SendWR, typ verbs.QPType, caps verbs.QPCaps, pd any, atomics verbs.AtomicCap) error {
 	if typ == verbs.DCT {
 		return fmt.Errorf("%w: a DCT has no send queue", verbs.ErrOpcode)
 	}
@@ -90,6 +97,9 @@ func checkSend(wr *verbs.SendWR, typ verbs.QPType, caps verbs.QPCaps, pd any) er
 		}
 		return checkSGE(wr.Local, pd, 0)
 	case verbs.OpCmpSwap, verbs.OpFetchAdd:
+		if atomics == verbs.AtomicNone {
+			return fmt.Errorf("%w: %v on a device without atomics (atomic_cap NONE)", verbs.ErrNotSupported, wr.Op)
+		}
 		if wr.Flags&verbs.Inline != 0 {
 			return fmt.Errorf("%w: inline atomic", verbs.ErrInvalidArg)
 		}
@@ -124,6 +134,7 @@ type posted struct {
 	id       uint64
 	op       verbs.Opcode
 	signaled bool
+	target   netip.AddrPort // a DCI WR's target (its CM address)
 }
 
 // sendTrack follows a send queue's WRs from post to completion. The NIC
@@ -151,18 +162,18 @@ func (t *sendTrack) push(p posted) bool {
 }
 
 // complete retires the oldest WR with this id and every WR before it. It
-// returns the WR's opcode, or ok false if no outstanding WR has the id
-// (a completion after RESET dropped the queue).
-func (t *sendTrack) complete(id uint64) (op verbs.Opcode, ok bool) {
+// returns the WR, or ok false if no outstanding WR has the id (a
+// completion after RESET dropped the queue).
+func (t *sendTrack) complete(id uint64) (p posted, ok bool) {
 	for i := 0; i < t.n; i++ {
 		p := t.ring[(t.head+i)%len(t.ring)]
 		if p.id == id {
 			t.head = (t.head + i + 1) % len(t.ring)
 			t.n -= i + 1
-			return p.op, true
+			return p, true
 		}
 	}
-	return 0, false
+	return posted{}, false
 }
 
 // reset forgets every WR (ibv_modify_qp to RESET drops them uncompleted).

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/krfs/krfs/verbs"
@@ -12,6 +13,7 @@ type fakeMR struct{ st mrState }
 
 func (m *fakeMR) state() *mrState      { return &m.st }
 func (m *fakeMR) Buf() []byte          { return m.st.buf }
+func (m *fakeMR) IOVA() uint64         { return m.st.iova }
 func (m *fakeMR) LKey() uint32         { return m.st.lkey }
 func (m *fakeMR) RKey() uint32         { return m.st.rkey }
 func (m *fakeMR) Access() verbs.Access { return m.st.access }
@@ -66,10 +68,21 @@ func TestCheckSend(t *testing.T) {
 		{"DCT sends", verbs.DCT, verbs.SendWR{Op: verbs.OpWrite, Local: verbs.SGE{MR: rw, Length: 8}}, verbs.ErrOpcode},
 	}
 	for _, c := range cases {
-		err := checkSend(&c.wr, c.typ, caps, pd)
+		err := checkSend(&c.wr, c.typ, caps, pd, verbs.AtomicHCA)
 		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
+	}
+	// Without atomics (upstream mlx5's atomic_cap NONE) both atomics are
+	// refused before the NIC sees them; everything else is unchanged.
+	for _, op := range []verbs.Opcode{verbs.OpCmpSwap, verbs.OpFetchAdd} {
+		wr := verbs.SendWR{Op: op, Local: verbs.SGE{MR: rw, Length: 8}, RemoteAddr: 16}
+		if err := checkSend(&wr, verbs.RC, caps, pd, verbs.AtomicNone); !errors.Is(err, verbs.ErrNotSupported) {
+			t.Errorf("%v without atomics: %v, want ErrNotSupported", op, err)
+		}
+	}
+	if err := checkSend(&verbs.SendWR{Op: verbs.OpRead, Local: verbs.SGE{MR: rw, Length: 8}}, verbs.RC, caps, pd, verbs.AtomicNone); err != nil {
+		t.Errorf("READ without atomics: %v", err)
 	}
 	if err := checkRecv(&verbs.RecvWR{Local: verbs.SGE{MR: ro, Length: 8}}, pd); !errors.Is(err, verbs.ErrAccess) {
 		t.Errorf("receive into read-only memory: %v", err)
@@ -90,20 +103,23 @@ func TestSendTrack(t *testing.T) {
 		t.Fatal("a full track accepted a WR")
 	}
 	// The signaled WR 2 completes: WRs 0 and 1 retire with it.
-	if op, ok := tr.complete(2); !ok || op != verbs.OpWrite || tr.free() != 3 {
-		t.Fatalf("complete(2) = %v, %v with %d free", op, ok, tr.free())
+	if p, ok := tr.complete(2); !ok || p.op != verbs.OpWrite || tr.free() != 3 {
+		t.Fatalf("complete(2) = %+v, %v with %d free", p, ok, tr.free())
 	}
 	if _, ok := tr.complete(0); ok {
 		t.Fatal("a retired WR completed again")
 	}
 	// Wrap around and duplicate IDs: the oldest match completes first.
-	tr.push(posted{id: 3, op: verbs.OpRead})
+	dc := netip.MustParseAddrPort("10.0.0.9:4792")
+	tr.push(posted{id: 3, op: verbs.OpRead, target: dc})
 	tr.push(posted{id: 3, op: verbs.OpSend})
-	if op, _ := tr.complete(3); op != verbs.OpWrite || tr.free() != 2 {
-		t.Fatalf("first completion of id 3: %v, %d free", op, tr.free())
+	if p, _ := tr.complete(3); p.op != verbs.OpWrite || tr.free() != 2 {
+		t.Fatalf("first completion of id 3: %+v, %d free", p, tr.free())
 	}
-	if op, _ := tr.complete(3); op != verbs.OpRead {
-		t.Fatalf("second completion of id 3: %v", op)
+	// A DCI WR's completion names its target (a retry error invalidates
+	// the target's cached address handle).
+	if p, _ := tr.complete(3); p.op != verbs.OpRead || p.target != dc {
+		t.Fatalf("second completion of id 3: %+v", p)
 	}
 	tr.reset()
 	if tr.free() != 4 {

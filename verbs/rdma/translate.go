@@ -86,6 +86,30 @@ const (
 	ibvGIDTypeIB     = 0
 	ibvGIDTypeRoCEv1 = 1
 	ibvGIDTypeRoCEv2 = 2
+
+	// enum ibv_atomic_cap
+	ibvAtomicNone = 0
+	ibvAtomicHCA  = 1
+	ibvAtomicGlob = 2
+
+	// enum ibv_transport_type
+	ibvTransportIB    = 0
+	ibvTransportIWARP = 1
+
+	// enum ibv_event_type (the ones krfs reports)
+	ibvEventCQErr            = 0
+	ibvEventQPFatal          = 1
+	ibvEventQPReqErr         = 2
+	ibvEventQPAccessErr      = 3
+	ibvEventDeviceFatal      = 8
+	ibvEventPortActive       = 9
+	ibvEventPortErr          = 10
+	ibvEventSRQErr           = 14
+	ibvEventSRQLimitReached  = 15
+	ibvEventQPLastWQEReached = 16
+
+	// enum ibv_wc_flags
+	ibvWCWithImm = 1 << 1
 )
 
 // wcStatus maps an ibv_wc_status to the verbs status and the reason the
@@ -205,8 +229,8 @@ func accessFlags(a verbs.Access) uint32 {
 	return r
 }
 
-// mrAccessFlags are the flags an MR is registered with. Zero-based
-// addressing comes from registering at iova 0 (ibv_reg_mr_iova), not
+// mrAccessFlags are the flags an MR is registered with. Its addressing
+// comes from the IOVA it is registered at (ibv_reg_mr_iova, mrIOVA), not
 // from IBV_ACCESS_ZERO_BASED (a memory-window bind flag).
 func mrAccessFlags(a verbs.Access) uint32 { return accessFlags(a) }
 
@@ -329,6 +353,17 @@ func linkLayerName(l uint8) string {
 		return "Ethernet"
 	}
 	return fmt.Sprintf("link%d", l)
+}
+
+// transportName names an ibv_transport_type as DeviceInfo.Transport does.
+func transportName(t uint32) string {
+	switch t {
+	case ibvTransportIB:
+		return "InfiniBand"
+	case ibvTransportIWARP:
+		return "iWARP"
+	}
+	return fmt.Sprintf("transport%d", t)
 }
 
 // portStateName names an ibv_port_state.

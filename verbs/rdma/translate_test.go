@@ -181,9 +181,15 @@ func TestDefaultGIDAndUsable(t *testing.T) {
 }
 
 func TestDescribe(t *testing.T) {
-	out := Describe([]DeviceInfo{{Name: "rxe0", DCNote: "not an mlx5 device", ZeroBased: true, Ports: []PortInfo{{Num: 1, State: "ACTIVE",
-		LinkLayer: "Ethernet", ActiveMTU: 1024, GIDs: []GIDInfo{{Index: 1, GID: GIDFromIP(netip.MustParseAddr("10.0.0.1")), Type: "RoCEv2"}}}}}})
-	for _, want := range []string{"rxe0", "DC: no (not an mlx5 device)", "RC-only", "port 1  ACTIVE  Ethernet", "RoCEv2 (10.0.0.1)"} {
+	out := Describe([]DeviceInfo{{Name: "rxe0", Transport: "InfiniBand", DCNote: "not an mlx5 device", IOVA: true, Atomic: verbs.AtomicNone,
+		MaxSRQWR: 32767, MaxCQE: 1 << 22, Ports: []PortInfo{{Num: 1, State: "ACTIVE",
+			LinkLayer: "Ethernet", ActiveMTU: 1024, GIDs: []GIDInfo{{Index: 1, GID: GIDFromIP(netip.MustParseAddr("10.0.0.1")), Type: "RoCEv2"}}},
+			{Num: 2, State: "DOWN", LinkLayer: "Ethernet"}}},
+		{Name: "mlx5_9", Err: "ibv_open_device: permission denied"},
+		{Name: "siw0", Transport: "iWARP", IOVA: true}})
+	for _, want := range []string{"rxe0", "DC: no (not an mlx5 device)", "RC-only", "port 1  ACTIVE  Ethernet", "RoCEv2 (10.0.0.1)",
+		"atomics: none: krfs refuses atomic operations", "max SRQ 32767", "port 2  DOWN  Ethernet  lid 0  mtu 0  not usable: not ACTIVE",
+		"mlx5_9  NOT USABLE: ibv_open_device: permission denied", "siw0", "NOT USABLE: an iWARP device"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("Describe output lacks %q:\n%s", want, out)
 		}

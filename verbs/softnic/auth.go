@@ -290,6 +290,9 @@ func (a *authState) initiateLocked(p *authPeer) {
 // sendHandshake signs and sends a handshake packet directly on the link
 // (callers may hold any outbox's lock).
 func (a *authState) sendHandshake(to netip.AddrPort, op wire.Opcode, payload []byte) {
+	if a.d.portDown.Load() {
+		return // no link (Device.SetPortActive)
+	}
 	h := wire.Header{Op: op, Flags: wire.FlagMAC}
 	hdr := h.Append(nil)
 	copy(wire.MACField(hdr), hsTag(hmac.New(sha256.New, a.hsKey), hdr, payload))

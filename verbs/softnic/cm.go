@@ -383,13 +383,17 @@ func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payl
 }
 
 // attrAccess is the remote access a passively connected QP grants: the
-// flags set on it before (QPs keep Access across RESET), or all remote
-// access, leaving the decision to each MR's own access flags.
+// flags set on it before (QPs keep Access across RESET), or all the
+// remote access the device has (atomics only with them), leaving the
+// decision to each MR's own access flags.
 func (q *qp) attrAccess() verbs.Access {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.attr.Access != 0 {
 		return q.attr.Access
+	}
+	if q.dev.atomics == verbs.AtomicNone {
+		return verbs.AccessRemoteRead | verbs.AccessRemoteWrite
 	}
 	return verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.AccessRemoteAtomic
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
+	"github.com/krfs/krfs/verbs/softnic/udplink"
 	"github.com/krfs/krfs/verbs/verbstest"
 )
 
@@ -25,20 +26,22 @@ func fakeFabric() verbstest.Fabric {
 		mu  sync.Mutex
 		clk *softnictest.ManualClock
 	)
+	// Each case gets its own network and clock.
+	open := func(t testing.TB, noAtomics bool) verbs.Device {
+		mu.Lock()
+		defer mu.Unlock()
+		net := netOf(t)
+		clk = net.clk
+		dev, err := softnic.Open(softnic.Config{Link: net.n.NewLink(), Clock: net.clk, NoAtomics: noAtomics})
+		if err != nil {
+			t.Fatalf("softnic.Open: %v", err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		return dev
+	}
 	return verbstest.Fabric{
-		// Each case gets its own network and clock.
-		NewDevice: func(t testing.TB) verbs.Device {
-			mu.Lock()
-			defer mu.Unlock()
-			net := netOf(t)
-			clk = net.clk
-			dev, err := softnic.Open(softnic.Config{Link: net.n.NewLink(), Clock: net.clk})
-			if err != nil {
-				t.Fatalf("softnic.Open: %v", err)
-			}
-			t.Cleanup(func() { dev.Close() })
-			return dev
-		},
+		NewDevice:               func(t testing.TB) verbs.Device { return open(t, false) },
+		NewDeviceWithoutAtomics: func(t testing.TB) verbs.Device { return open(t, true) },
 		Advance: func(d time.Duration) {
 			mu.Lock()
 			c := clk
@@ -80,14 +83,21 @@ func netOf(t testing.TB) *manualNet {
 // TestConformanceUDP runs the suite over real UDP sockets on loopback.
 func TestConformanceUDP(t *testing.T) {
 	checkLeaks(t)
+	open := func(t testing.TB, noAtomics bool) verbs.Device {
+		l, err := udplink.Open(udplink.DefaultConfig("127.0.0.1:0"))
+		if err != nil {
+			t.Fatalf("udplink.Open: %v", err)
+		}
+		dev, err := softnic.Open(softnic.Config{Link: l, NoAtomics: noAtomics})
+		if err != nil {
+			l.Close()
+			t.Fatalf("softnic.Open: %v", err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		return dev
+	}
 	verbstest.Run(t, verbstest.Fabric{
-		NewDevice: func(t testing.TB) verbs.Device {
-			dev, err := softnic.OpenUDP("127.0.0.1:0")
-			if err != nil {
-				t.Fatalf("softnic.OpenUDP: %v", err)
-			}
-			t.Cleanup(func() { dev.Close() })
-			return dev
-		},
+		NewDevice:               func(t testing.TB) verbs.Device { return open(t, false) },
+		NewDeviceWithoutAtomics: func(t testing.TB) verbs.Device { return open(t, true) },
 	})
 }

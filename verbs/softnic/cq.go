@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -25,6 +26,7 @@ type cq struct {
 	wcs       []verbs.WC // ring
 	head, n   int
 	overflows uint64
+	overrun   bool // EventCQErr was raised
 	destroyed bool
 }
 
@@ -37,13 +39,22 @@ func newCQ(d *Device, depth int) *cq {
 }
 
 // push adds a completion and reports whether it signalled Notify. On
-// overflow the completion is dropped and counted: like a hardware CQ
-// overrun, that is the consumer's error.
+// overflow the completion is dropped and counted, and the first overflow
+// raises EventCQErr: like a hardware CQ overrun, that is the consumer's
+// error. An error completion's undefined fields are poisoned first.
 func (c *cq) push(wc verbs.WC) bool {
+	if wc.Status != verbs.StatusSuccess {
+		poison(&wc)
+	}
 	c.mu.Lock()
 	if c.n == len(c.wcs) {
 		c.overflows++
+		first := !c.overrun
+		c.overrun = true
 		c.mu.Unlock()
+		if first {
+			c.dev.raise(verbs.Event{Type: verbs.EventCQErr, CQ: c})
+		}
 		return false
 	}
 	c.wcs[(c.head+c.n)%len(c.wcs)] = wc
@@ -60,6 +71,28 @@ func (c *cq) push(wc verbs.WC) bool {
 	default:
 	}
 	return true
+}
+
+// Poison values of an error completion's undefined fields.
+const (
+	poisonByteLen = 0xbadc0de
+	poisonQPN     = 0xbad0bd
+	poisonImm     = 0xdeadbeef
+)
+
+// poison fills the fields of an error completion that verbs leaves
+// undefined (as ibv_poll_cq does: mlx5 never writes them on the error
+// path) with values that mislead whoever reads them: a receive is marked
+// as a send and a send as a receive, with a byte count, an immediate and a
+// source that were never there.
+func poison(wc *verbs.WC) {
+	if wc.Op == verbs.OpRecv || wc.Op == verbs.OpRecvWriteImm {
+		wc.Op = verbs.OpWrite
+	} else {
+		wc.Op = verbs.OpRecv
+	}
+	wc.ByteLen, wc.Imm, wc.HasImm = poisonByteLen, poisonImm, true
+	wc.SrcAddr, wc.SrcQPN = netip.AddrPort{}, poisonQPN
 }
 
 // Drive implements verbs.DrivenCQ.

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/krfs/krfs/verbs"
+	"github.com/krfs/krfs/verbs/internal/eventq"
 	"github.com/krfs/krfs/verbs/softnic/link"
 	"github.com/krfs/krfs/verbs/softnic/wire"
 )
@@ -45,6 +46,11 @@ type Config struct {
 	// devices of a cluster must agree: a device drops packets whose
 	// encryption differs from its own setting.
 	Encrypt bool
+	// NoAtomics makes the device one without atomics (verbs.AtomicNone),
+	// as upstream mlx5 is unless its firmware answers atomics in host
+	// byte order: CMP_SWAP and FETCH_ADD are refused at post, and remote
+	// atomic access at INIT (verbs.ErrNotSupported).
+	NoAtomics bool
 }
 
 // DefaultMTU is the default path MTU: InfiniBand's largest. Bulk transfers
@@ -84,7 +90,10 @@ type Device struct {
 	rxQPN      uint32         // rxQP's number; guarded by rxMu
 	atomicMu   sync.Mutex     // serializes atomics on memory that is not 8-byte aligned
 	cm         cmState
-	sendMu     sync.Mutex // guards sendOut
+	events     eventq.Queue
+	atomics    verbs.AtomicCap
+	portDown   atomic.Bool // SetPortActive(false): nothing is sent or received
+	sendMu     sync.Mutex  // guards sendOut
 	sendOut    outbox
 	closeOnce  sync.Once
 	auth       *authState // packet authentication, nil without a cluster key
@@ -139,6 +148,10 @@ func Open(cfg Config) (*Device, error) {
 		mrs:       make(map[uint32]*mr),
 		listeners: make(map[uint32]verbs.AcceptFunc),
 		rng:       rand.New(rand.NewChaCha8(seed)),
+		atomics:   verbs.AtomicGlob,
+	}
+	if cfg.NoAtomics {
+		d.atomics = verbs.AtomicNone
 	}
 	if d.clock == nil {
 		d.clock = link.SystemClock{}
@@ -170,6 +183,40 @@ func (d *Device) Addr() netip.AddrPort { return d.link.LocalAddr() }
 // MaxMTU is the largest path MTU the link allows.
 func (d *Device) MaxMTU() int { return d.maxMTU }
 
+// Limits of a softnic device (verbs.DeviceAttr).
+const (
+	MaxCQE   = 1 << 20
+	MaxSRQWR = 1 << 16
+	MaxQPWR  = 1 << 16
+)
+
+// Attr implements verbs.Device. Atomics are executed with the CPU's
+// atomic instructions (AtomicGlob) unless Config.NoAtomics.
+func (d *Device) Attr() verbs.DeviceAttr {
+	return verbs.DeviceAttr{Atomic: d.atomics, MaxSRQWR: MaxSRQWR, MaxCQE: MaxCQE, MaxQPWR: MaxQPWR}
+}
+
+// OnEvent implements verbs.Device.
+func (d *Device) OnEvent(fn func(verbs.Event)) (cancel func()) { return d.events.Subscribe(fn) }
+
+// raise reports an asynchronous event; it never blocks.
+func (d *Device) raise(ev verbs.Event) { d.events.Raise(ev) }
+
+// SetPortActive brings the device's port down (false) or up (true), as
+// a cable pulled and plugged back: while it is down the device sends and
+// receives nothing (its QPs' retries run out as they would), and each
+// change raises EventPortErr or EventPortActive (port 1).
+func (d *Device) SetPortActive(active bool) {
+	if d.portDown.Swap(!active) == !active {
+		return
+	}
+	ev := verbs.EventPortActive
+	if !active {
+		ev = verbs.EventPortErr
+	}
+	d.raise(verbs.Event{Type: ev, Port: 1})
+}
+
 // MTU is the device's default path MTU.
 func (d *Device) MTU() int { return d.mtu }
 
@@ -190,8 +237,8 @@ func (d *Device) AllocPD() (verbs.PD, error) {
 }
 
 func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
-	if depth <= 0 || depth > 1<<20 {
-		return nil, fmt.Errorf("%w: CQ depth %d (1..%d)", verbs.ErrInvalidArg, depth, 1<<20)
+	if depth <= 0 || depth > MaxCQE {
+		return nil, fmt.Errorf("%w: CQ depth %d (1..%d)", verbs.ErrInvalidArg, depth, MaxCQE)
 	}
 	d.mu.RLock()
 	closed := d.closed
@@ -347,6 +394,7 @@ func (d *Device) Close() error {
 			q.req.reset()
 			q.mu.Unlock()
 		}
+		d.events.Close()
 	})
 	return err
 }
@@ -555,7 +603,7 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 		h, _, err := wire.Parse(hdr)
 		d.steerHdr, d.steerOK = h, err == nil
 	}
-	if !d.steerOK || plen == 0 || d.auth != nil {
+	if !d.steerOK || plen == 0 || d.auth != nil || d.portDown.Load() {
 		// With a cluster key nothing lands in memory before its MAC is
 		// checked: payloads go to scratch and are copied once verified.
 		return nil
@@ -580,7 +628,7 @@ func (d *Device) Steer(from netip.AddrPort, hdr []byte, index int, plen int) []b
 // Deliver implements link.Receiver.
 func (d *Device) Deliver(from netip.AddrPort, hdr []byte, payload []byte) {
 	defer func() { d.delivered++ }()
-	if d.isProbe(hdr, payload) {
+	if d.isProbe(hdr, payload) || d.portDown.Load() {
 		return
 	}
 	d.stats.rxPackets.Add(1)

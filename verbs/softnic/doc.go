@@ -73,6 +73,22 @@
 // bad request. An RC responder moves to ERR too; a DCT, being shared,
 // does not.
 //
+// # What an RNIC refuses, softnic refuses
+//
+// softnic applies the rules of mlx5 and the kernel's uverbs that the
+// layers above must survive on hardware (see verbs/verbstest, group
+// Hardware): an MR is registered at its buffer's page offset (MR.IOVA),
+// so a peer that reads an unaligned MR as zero-based misses; a DCT has no
+// number before RTR; a DCT moves only RESET->INIT->RTR and a DCI cannot
+// go RESET->ERR; an error completion's opcode, byte count, immediate and
+// source are filled with misleading values (poison); a responder RC QP
+// that refuses a request raises EventQPAccessErr or EventQPReqErr, and an
+// SRQ-attached one EventQPLastWQE, as it moves to ERR; a CQ overrun raises
+// EventCQErr and an armed SRQ limit EventSRQLimit (Device.OnEvent);
+// Device.SetPortActive takes the port down and up (EventPortErr,
+// EventPortActive); with Config.NoAtomics the device has no atomics and
+// refuses them.
+//
 // # Zero copy
 //
 // Payloads are sent straight from registered memory (the link gathers

@@ -93,7 +93,7 @@ func (fb *fabric) node() *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := make([]byte, memSize)
+	mem := verbs.PageAligned(memSize) // zero-based: tests address it by offsets
 	mr, err := pd.RegMR(mem, verbs.AccessAll)
 	if err != nil {
 		t.Fatal(err)

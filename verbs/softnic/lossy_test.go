@@ -187,7 +187,7 @@ func (m *mixedClient) failure(wc verbs.WC, batch []verbs.WC) error {
 	for i := 0; i < 4 && cause == "none seen"; i++ {
 		for _, w := range batch {
 			if w.Status != verbs.StatusSuccess && w.Status != verbs.StatusWRFlushErr {
-				cause = fmt.Sprintf("WR %d (%v): %v", w.ID, w.Op, w.Err())
+				cause = fmt.Sprintf("WR %d: %v", w.ID, w.Err()) // an error completion has no opcode
 				break
 			}
 		}

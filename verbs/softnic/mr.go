@@ -18,8 +18,8 @@ var _ verbs.PD = (*pd)(nil)
 
 func (p *pd) Device() verbs.Device { return p.dev }
 
-// mr is a registered memory region. buf, access, keys and pd never change;
-// dead flips once on deregistration.
+// mr is a registered memory region. buf, iova, access, keys and pd never
+// change; dead flips once on deregistration.
 //
 // private says that no peer can reach the MR's memory: the MR has no
 // remote access and no live MR of the device with remote access overlaps
@@ -33,6 +33,7 @@ type mr struct {
 	dev     *Device
 	pd      *pd
 	buf     []byte
+	iova    uint64 // remote address of buf[0]: its offset in its page, as the kernel requires
 	access  verbs.Access
 	lkey    uint32
 	rkey    uint32
@@ -43,13 +44,18 @@ type mr struct {
 var _ verbs.MR = (*mr)(nil)
 
 func (m *mr) Buf() []byte          { return m.buf }
+func (m *mr) IOVA() uint64         { return m.iova }
 func (m *mr) LKey() uint32         { return m.lkey }
 func (m *mr) RKey() uint32         { return m.rkey }
 func (m *mr) Access() verbs.Access { return m.access }
 func (m *mr) PD() verbs.PD         { return m.pd }
 
-// RegMR registers buf. Keys are random and unique on the device, so they
-// cannot be guessed from one another.
+// RegMR registers buf at IOVA verbs.PageOffset(buf), as ibv_reg_mr must:
+// remote requests name buf[i] at iova+i, so a peer that addresses a
+// buffer that does not start on a page boundary by offsets alone misses
+// (ReasonBounds, or the wrong bytes), as it would on an RNIC. Keys are
+// random and unique on the device, so they cannot be guessed from one
+// another.
 func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("%w: empty buffer", verbs.ErrLength)
@@ -65,7 +71,7 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 		return nil, fmt.Errorf("%w: remote write or atomic access requires local write", verbs.ErrInvalidArg)
 	}
 	d := p.dev
-	m := &mr{dev: d, pd: p, buf: buf, access: access}
+	m := &mr{dev: d, pd: p, buf: buf, iova: verbs.PageOffset(buf), access: access}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -172,12 +178,17 @@ func checkLocal(p *pd, s verbs.SGE, need verbs.Access) error {
 	return nil
 }
 
-// remoteCheck validates a remote access against MR m for a responder QP of
-// protection domain p. It returns the memory and a NAK reason.
+// remoteCheck validates a remote access of n bytes at address va (the
+// MR's IOVA plus an offset) against MR m for a responder QP of protection
+// domain p. It returns the memory and a NAK reason.
 func remoteCheck(p *pd, m *mr, va uint64, n uint64, need verbs.Access) ([]byte, verbs.Reason) {
 	if m == nil || m.pd != p {
 		return nil, verbs.ReasonRKey
 	}
+	if va < m.iova {
+		return nil, verbs.ReasonBounds
+	}
+	va -= m.iova
 	if va > uint64(len(m.buf)) || n > uint64(len(m.buf))-va {
 		return nil, verbs.ReasonBounds
 	}

@@ -40,6 +40,10 @@ func (o *outbox) flush(d *Device) {
 	if len(o.pkts) == 0 {
 		return
 	}
+	if d.portDown.Load() {
+		o.drop() // no link: the protocols retransmit, as over a pulled cable
+		return
+	}
 	if o.auth != nil {
 		o.pkts = o.auth.seal(o, o.pkts)
 	}
@@ -53,6 +57,11 @@ func (o *outbox) flush(d *Device) {
 	if len(o.pkts) > 0 {
 		_ = d.link.Send(o.pkts) // losses are the protocol's to repair
 	}
+	o.drop()
+}
+
+// drop forgets the packets collected.
+func (o *outbox) drop() {
 	clear(o.pkts)
 	o.pkts = o.pkts[:0]
 	o.arena = o.arena[:0]

@@ -71,7 +71,15 @@ type recvWQE struct {
 	buf []byte
 }
 
-func (q *qp) QPN() uint32        { return q.qpn }
+// QPN implements verbs.QP. A DCT's number is assigned at RTR (as mlx5
+// assigns it), so it is read under the lock.
+func (q *qp) QPN() uint32 {
+	if q.typ == verbs.DCT {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+	}
+	return q.qpn
+}
 func (q *qp) Type() verbs.QPType { return q.typ }
 func (q *qp) State() verbs.QPState {
 	q.mu.Lock()
@@ -121,7 +129,7 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	if caps.MaxRdAtomic <= 0 {
 		caps.MaxRdAtomic = DefaultMaxRdAtomic
 	}
-	if caps.MaxSendWR > 1<<16 || caps.MaxRecvWR > 1<<16 || caps.MaxInline > 4096 {
+	if caps.MaxSendWR > MaxQPWR || caps.MaxRecvWR > MaxQPWR || caps.MaxInline > 4096 {
 		return nil, fmt.Errorf("%w: queue caps %+v too large", verbs.ErrInvalidArg, caps)
 	}
 	q := &qp{dev: d, pd: p, typ: cfg.Type, sendCQ: scq, recvCQ: rcq, srq: s, caps: caps, dcKey: cfg.DCKey}
@@ -139,6 +147,16 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	} else if cfg.Type == verbs.RC {
 		q.resp = &respCtx{}
 	}
+	if cfg.Type == verbs.DCT {
+		// No number before RTR (Modify gives it one), as on mlx5.
+		d.mu.RLock()
+		closed := d.closed
+		d.mu.RUnlock()
+		if closed {
+			return nil, verbs.ErrClosed
+		}
+		return q, nil
+	}
 	if err := d.addQP(q); err != nil {
 		return nil, err
 	}
@@ -146,8 +164,9 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 }
 
 // Modify moves the QP to attr.State. Zero attributes keep their current
-// value; the transition rules are verbs.ValidTransition, and RTR of an RC
-// QP needs RemoteAddr and RemoteQPN.
+// value; the transition rules are verbs.ValidTransition (mlx5's, DC
+// included), RTR of an RC QP needs RemoteAddr and RemoteQPN, and a DCT
+// gets its number at RTR.
 func (q *qp) Modify(a verbs.QPAttr) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -155,8 +174,11 @@ func (q *qp) Modify(a verbs.QPAttr) error {
 		return verbs.ErrDestroyed
 	}
 	from, to := q.state, a.State
-	if !verbs.ValidTransition(from, to) {
+	if !verbs.ValidTransition(q.typ, from, to) {
 		return fmt.Errorf("%w: %v -> %v on %v QP %d", verbs.ErrTransition, from, to, q.typ, q.qpn)
+	}
+	if to == verbs.StateInit && a.Access&verbs.AccessRemoteAtomic != 0 && q.typ != verbs.DCI && q.dev.atomics == verbs.AtomicNone {
+		return fmt.Errorf("%w: remote atomic access on a device without atomics", verbs.ErrNotSupported)
 	}
 	if a.PathMTU != 0 {
 		if a.PathMTU < minPathMTU || a.PathMTU > q.dev.maxMTU {
@@ -172,8 +194,10 @@ func (q *qp) Modify(a verbs.QPAttr) error {
 	if to == verbs.StateRTR && q.typ == verbs.RC && (!a.RemoteAddr.IsValid() || a.RemoteQPN == 0) {
 		return fmt.Errorf("%w: RTR of an RC QP needs the remote address and QPN", verbs.ErrInvalidArg)
 	}
-	if to == verbs.StateRTS && q.typ == verbs.DCT {
-		return fmt.Errorf("%w: a DCT serves in RTR; it has no send side", verbs.ErrTransition)
+	if to == verbs.StateRTR && q.typ == verbs.DCT {
+		if err := q.dev.addQP(q); err != nil {
+			return err
+		}
 	}
 	switch to {
 	case verbs.StateReset:
@@ -261,6 +285,10 @@ func (q *qp) toErrLocked() {
 		q.recvCQ.push(verbs.WC{ID: r.id, Status: verbs.StatusWRFlushErr, Op: verbs.OpRecv, QPN: q.qpn})
 	}
 	q.rq = nil
+	if q.srq != nil && q.typ == verbs.RC {
+		// It takes no more receives from the SRQ: the last WQE is reached.
+		q.dev.raise(verbs.Event{Type: verbs.EventQPLastWQE, QP: q})
+	}
 }
 
 func (q *qp) flushOutLocked() { q.out.flush(q.dev) }
@@ -345,6 +373,9 @@ func (q *qp) checkSendLocked(wr *verbs.SendWR) error {
 		}
 		return checkLocal(q.pd, wr.Local, 0)
 	case verbs.OpCmpSwap, verbs.OpFetchAdd:
+		if q.dev.atomics == verbs.AtomicNone {
+			return fmt.Errorf("%w: %v on a device without atomics", verbs.ErrNotSupported, wr.Op)
+		}
 		if inline {
 			return fmt.Errorf("%w: inline atomic", verbs.ErrInvalidArg)
 		}

@@ -464,12 +464,20 @@ func (q *qp) nak(from netip.AddrPort, h *wire.Header, syn wire.Syndrome, why ver
 }
 
 // nakErr NAKs a request that cannot be executed. On RC the responder QP
-// moves to ERR too, as on hardware; a DCT stays up (it is shared) and only
-// ends the initiator's message.
+// moves to ERR too, as on hardware, and the device raises the event a
+// responder error raises there (no completion reports it): an access
+// error for a bad rkey, bounds or permission, an invalid request for the
+// rest. A DCT stays up (it is shared) and only ends the initiator's
+// message.
 func (q *qp) nakErr(c *respCtx, from netip.AddrPort, h *wire.Header, syn wire.Syndrome, why verbs.Reason, out *outbox) {
 	q.nak(from, h, syn, why, out)
 	c.inMsg, c.wmem = false, nil
-	if q.typ == verbs.RC {
+	if q.typ == verbs.RC && q.state != verbs.StateErr {
+		ev := verbs.EventQPReqErr
+		if syn == wire.SynNAKAccess {
+			ev = verbs.EventQPAccessErr
+		}
+		q.dev.raise(verbs.Event{Type: ev, QP: q})
 		q.toErrLocked()
 	}
 }

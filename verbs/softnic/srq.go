@@ -13,17 +13,18 @@ type srq struct {
 	pd    *pd
 	depth int
 
-	mu   sync.Mutex // guards wqes and dead
-	wqes []recvWQE
-	head int
-	dead bool
+	mu    sync.Mutex // guards the fields below
+	wqes  []recvWQE
+	head  int
+	limit int // armed SRQ limit (0: disarmed)
+	dead  bool
 }
 
 var _ verbs.SRQ = (*srq)(nil)
 
 func (p *pd) CreateSRQ(depth int) (verbs.SRQ, error) {
-	if depth <= 0 || depth > 1<<16 {
-		return nil, fmt.Errorf("%w: SRQ depth %d (1..65536)", verbs.ErrInvalidArg, depth)
+	if depth <= 0 || depth > MaxSRQWR {
+		return nil, fmt.Errorf("%w: SRQ depth %d (1..%d)", verbs.ErrInvalidArg, depth, MaxSRQWR)
 	}
 	return &srq{pd: p, depth: depth}, nil
 }
@@ -60,6 +61,10 @@ func (s *srq) take() (recvWQE, bool) {
 	r := s.wqes[s.head]
 	s.wqes[s.head] = recvWQE{}
 	s.head++
+	if s.limit > 0 && len(s.wqes)-s.head < s.limit {
+		s.limit = 0
+		s.pd.dev.raise(verbs.Event{Type: verbs.EventSRQLimit, SRQ: s})
+	}
 	if s.head == len(s.wqes) {
 		s.wqes, s.head = s.wqes[:0], 0
 	} else if s.head > 1024 && s.head*2 > len(s.wqes) {
@@ -79,6 +84,20 @@ func (s *srq) putBack(r recvWQE) {
 		return
 	}
 	s.wqes = append([]recvWQE{r}, s.wqes...)
+}
+
+// ArmLimit implements verbs.SRQ.
+func (s *srq) ArmLimit(limit int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.dead:
+		return fmt.Errorf("%w: SRQ", verbs.ErrDestroyed)
+	case limit < 0 || limit > s.depth:
+		return fmt.Errorf("%w: SRQ limit %d (0..%d)", verbs.ErrInvalidArg, limit, s.depth)
+	}
+	s.limit = limit
+	return nil
 }
 
 func (s *srq) Posted() int {

@@ -30,9 +30,12 @@
 //     RemoteAddr, DCTarget.Addr, ConnectRC); WC.SrcAddr of a received
 //     message is the sender's Device.Addr and WC.SrcQPN its QPN (no layer
 //     above reads them yet).
-//   - MRs are zero-based: remote memory is (rkey, offset in the MR); an MR
-//     made of a sub-slice starts at offset 0 of that sub-slice (meta's
-//     table, qpcore's exported regions).
+//   - An MR's remote addresses start at its IOVA, the buffer's offset in
+//     its page (the kernel's rule for ibv_reg_mr): remote address 0 of a
+//     sub-slice 100 bytes into a page is outside its MR, IOVA is its first
+//     byte, and a page-aligned buffer's MR is zero-based (meta's table,
+//     qpcore's directory and regions are allocated page-aligned;
+//     qpcore's rendezvous publishes the IOVA of the message it exposes).
 //   - The same memory may be registered twice with different access; each
 //     rkey grants only its own MR's access (meta: a read-only table view for
 //     clients and a writable one for its loopback QP).
@@ -55,7 +58,8 @@
 //
 // QP state machine:
 //   - RESET -> INIT -> RTR -> RTS; other moves fail with ErrTransition; any
-//     state -> ERR and -> RESET; a DCT serves in RTR and cannot reach RTS.
+//     state -> ERR and -> RESET (a DCI not RESET -> ERR); a DCT moves only
+//     RESET -> INIT -> RTR and serves there (verbs.ValidTransition).
 //   - RC QPs can be connected by hand with Modify (meta's loopback pair on
 //     one device) or by the connection manager.
 //   - Access set on a QP in INIT survives a move back to RESET and is what
@@ -104,6 +108,28 @@
 // with ErrCMTimeout when the context ends; ListenRC refuses a duplicate
 // service; ConnectRC needs a QP in RESET (ErrQPState).
 //
+// Hardware rules (mlx5 and the kernel's uverbs; softnic enforces them):
+//   - A DCT has no number before RTR (QPN 0); the number it gets then is
+//     the one DCIs reach it by; a DCT moves only RESET->INIT->RTR, a DCI
+//     cannot go RESET->ERR.
+//   - A responder RC QP that refuses a request moves to ERR: a remote
+//     access error raises EventQPAccessErr for it (no completion there); a
+//     SEND longer than the receive completes the receive with
+//     LOC_LEN_ERR. Of an error completion only ID, Status, Reason and QPN
+//     are defined.
+//   - A shared DCI survives a target whose host is gone (retry error) and
+//     a destroyed DCT, recovering each time; a SEND to an empty SRQ ends
+//     in RNR_RETRY_EXC_ERR; one WR to a bad target fails and flushes the
+//     WRs queued behind it for other targets, which never reach them and
+//     succeed when posted again (KRCORE's isolation).
+//   - A CQ overrun raises EventCQErr; a device without atomics
+//     (Attr().Atomic AtomicNone) refuses them at post and at INIT with
+//     ErrNotSupported; the connection manager settles on the smaller
+//     path MTU, and Modify refuses one above MaxMTU or below 256.
+//
+// Cases that wait for retries use DCIs with a short ACK timeout, so they
+// end well within Deadline on an RNIC too.
+//
 // # Backends without some features
 //
 // Fabric.NoDC skips DC cases with a message (an RNIC without DC: qpcore
@@ -113,5 +139,6 @@
 // wrong key silently): the status must still be an error and the QP must
 // still move to ERR and flush. Fabric.DCTSourceUnknown accepts DCT
 // receives without the sender's address (mlx5 reports only the DCI's
-// QPN).
+// QPN). Fabric.NewDeviceWithoutAtomics opens a device without atomics
+// for the case that checks what one refuses.
 package verbstest

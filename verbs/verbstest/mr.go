@@ -35,42 +35,68 @@ var mrCases = []namedCase{
 			e.t.Fatalf("second Dereg: %v, want ErrMRDead", err)
 		}
 	}},
-	{"ZeroBasedSubslice", func(e *env) {
-		// An MR over a sub-slice: remote offset 0 is the sub-slice's
-		// first byte, and the MR ends where the sub-slice ends.
+	{"IOVAIsPageOffset", func(e *env) {
+		// An MR over a sub-slice that starts 100 bytes into a page is
+		// registered at IOVA 100, as the kernel requires (address and
+		// IOVA agree within the page): remote address IOVA is the
+		// sub-slice's first byte, address 0 is outside the MR, and the MR
+		// ends where the sub-slice ends.
 		a, b := e.node(), e.node()
 		qa, _ := e.connect(a, b, nil)
-		big := make([]byte, 3*4096)
+		big := verbs.PageAligned(3 * verbs.PageSize)
 		fill(big, 11)
 		orig := bytes.Clone(big)
 		b.sync()
-		sub := big[4096+100 : 2*4096]
+		sub := big[verbs.PageSize+100 : 2*verbs.PageSize]
 		mr, err := b.pd.RegMR(sub, verbs.AccessLocalWrite|verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
 		e.ok(err, "RegMR(sub-slice)")
-		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 16), RemoteAddr: 0, RKey: mr.RKey()})
+		if mr.IOVA() != 100 || verbs.PageOffset(sub) != 100 {
+			e.t.Fatalf("an MR 100 bytes into a page has IOVA %d", mr.IOVA())
+		}
+		base := mr.IOVA()
+		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 16), RemoteAddr: base, RKey: mr.RKey()})
 		e.one(a.cq, 1, verbs.StatusSuccess)
 		if !bytes.Equal(a.mem[:16], sub[:16]) {
-			e.t.Fatalf("READ at offset 0 got % x, want % x", a.mem[:16], sub[:16])
+			e.t.Fatalf("READ at the IOVA got % x, want % x", a.mem[:16], sub[:16])
 		}
 		last := uint64(len(sub) - 8)
 		copy(a.mem[64:72], "lastword")
-		e.post(qa, verbs.SendWR{ID: 2, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: a.sge(64, 8), RemoteAddr: last, RKey: mr.RKey()})
+		e.post(qa, verbs.SendWR{ID: 2, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: a.sge(64, 8), RemoteAddr: base + last, RKey: mr.RKey()})
 		e.one(a.cq, 2, verbs.StatusSuccess)
 		b.sync()
-		if string(sub[last:]) != "lastword" || big[2*4096] != orig[2*4096] {
+		if string(sub[last:]) != "lastword" || big[2*verbs.PageSize] != orig[2*verbs.PageSize] {
 			e.t.Fatal("WRITE to the MR's last 8 bytes missed or spilled past them")
 		}
 		// One byte past the end is out of bounds.
-		e.post(qa, verbs.SendWR{ID: 3, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: a.sge(64, 8), RemoteAddr: last + 1, RKey: mr.RKey()})
+		e.post(qa, verbs.SendWR{ID: 3, Op: verbs.OpWrite, Flags: verbs.Signaled, Local: a.sge(64, 8), RemoteAddr: base + last + 1, RKey: mr.RKey()})
 		wc := e.one(a.cq, 3, verbs.StatusRemAccessErr)
 		e.reason(wc, verbs.ReasonBounds)
+		e.state(qa, verbs.StateErr)
+		// Address 0 (a zero-based reading of the MR) is before its
+		// first byte.
+		qa, _ = e.connect(a, b, nil)
+		e.post(qa, verbs.SendWR{ID: 4, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 16), RemoteAddr: 0, RKey: mr.RKey()})
+		wc = e.one(a.cq, 4, verbs.StatusRemAccessErr)
+		e.reason(wc, verbs.ReasonBounds)
+		// A sub-slice that starts on a page boundary is zero-based.
+		zb, err := b.pd.RegMR(big[verbs.PageSize:2*verbs.PageSize], verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+		e.ok(err, "RegMR(page-aligned sub-slice)")
+		if zb.IOVA() != 0 {
+			e.t.Fatalf("a page-aligned MR has IOVA %d, want 0", zb.IOVA())
+		}
+		qa, _ = e.connect(a, b, nil)
+		e.post(qa, verbs.SendWR{ID: 5, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 16), RemoteAddr: 100, RKey: zb.RKey()})
+		e.one(a.cq, 5, verbs.StatusSuccess)
+		if !bytes.Equal(a.mem[:16], sub[:16]) {
+			e.t.Fatalf("READ at offset 100 of the zero-based MR got % x, want % x", a.mem[:16], sub[:16])
+		}
 	}},
 	{"TwoViewsOfOneBuffer", func(e *env) {
 		// meta's table: a read-only rkey for clients, a writable one for
 		// itself, over the same memory.
 		a, b := e.node(), e.node()
 		qa, _ := e.connect(a, b, nil)
-		buf := make([]byte, 4096)
+		buf := verbs.PageAligned(4096) // zero-based: addressed by offsets
 		ro, err := b.pd.RegMR(buf, verbs.AccessRemoteRead)
 		e.ok(err, "RegMR(read-only)")
 		rw, err := b.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteRead|verbs.AccessRemoteWrite)
@@ -134,11 +160,11 @@ var mrCases = []namedCase{
 		qa, qb := e.connect(a, b, nil)
 		mr, err := b.pd.RegMR(make([]byte, 64), verbs.AccessLocalWrite|verbs.AccessRemoteRead)
 		e.ok(err, "RegMR")
-		rk := mr.RKey()
-		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 8), RKey: rk})
+		rk, base := mr.RKey(), mr.IOVA()
+		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 8), RemoteAddr: base, RKey: rk})
 		e.one(a.cq, 1, verbs.StatusSuccess)
 		e.ok(mr.Dereg(), "Dereg")
-		e.post(qa, verbs.SendWR{ID: 2, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 8), RKey: rk})
+		e.post(qa, verbs.SendWR{ID: 2, Op: verbs.OpRead, Flags: verbs.Signaled, Local: a.sge(0, 8), RemoteAddr: base, RKey: rk})
 		wc := e.one(a.cq, 2, verbs.StatusRemAccessErr)
 		e.reason(wc, verbs.ReasonRKey)
 		e.state(qa, verbs.StateErr)
@@ -147,12 +173,15 @@ var mrCases = []namedCase{
 	{"AtomicsOnSubslice", func(e *env) {
 		a, b := e.node(), e.node()
 		qa, _ := e.connect(a, b, nil)
-		sub := b.mem[4096+64 : 4096+128]
+		sub := b.mem[verbs.PageSize+64 : verbs.PageSize+128]
 		binary.LittleEndian.PutUint64(sub[8:], 40)
 		b.sync()
 		mr, err := b.pd.RegMR(sub, verbs.AccessLocalWrite|verbs.AccessRemoteAtomic)
 		e.ok(err, "RegMR")
-		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpFetchAdd, Flags: verbs.Signaled, Local: a.sge(0, 8), RemoteAddr: 8, RKey: mr.RKey(), CompareAdd: 2})
+		if mr.IOVA() != 64 {
+			e.t.Fatalf("an MR 64 bytes into a page has IOVA %d", mr.IOVA())
+		}
+		e.post(qa, verbs.SendWR{ID: 1, Op: verbs.OpFetchAdd, Flags: verbs.Signaled, Local: a.sge(0, 8), RemoteAddr: mr.IOVA() + 8, RKey: mr.RKey(), CompareAdd: 2})
 		e.one(a.cq, 1, verbs.StatusSuccess)
 		if got := binary.LittleEndian.Uint64(a.mem[:8]); got != 40 {
 			e.t.Fatalf("FETCH_ADD returned %d, want 40", got)

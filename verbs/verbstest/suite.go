@@ -34,6 +34,11 @@ type Fabric struct {
 	// the sender's device address (WC.SrcAddr), as on mlx5, where only
 	// the DCI's QPN is reported. No layer above relies on it.
 	DCTSourceUnknown bool
+	// NewDeviceWithoutAtomics, if not nil, opens a device of the fabric
+	// whose Attr().Atomic is AtomicNone (softnic.Config.NoAtomics), for
+	// the case that checks what such a device refuses; a backend whose
+	// devices have atomics and cannot be told otherwise leaves it nil.
+	NewDeviceWithoutAtomics func(t testing.TB) verbs.Device
 }
 
 // Deadline bounds every wait of the suite for something that must happen.
@@ -62,6 +67,7 @@ func Run(t *testing.T, f Fabric) {
 		{"CQ", cqCases},
 		{"SRQ", srqCases},
 		{"CM", cmCases},
+		{"Hardware", hardwareCases},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
@@ -107,7 +113,7 @@ func (e *env) node() *node {
 	if err != nil {
 		t.Fatalf("CreateCQ: %v", err)
 	}
-	mem := make([]byte, memSize)
+	mem := verbs.PageAligned(memSize) // zero-based: the suite addresses it by offsets
 	mr, err := pd.RegMR(mem, verbs.AccessAll)
 	if err != nil {
 		t.Fatalf("RegMR: %v", err)
@@ -209,14 +215,17 @@ func (n *node) dct(key uint64) (verbs.QP, verbs.SRQ) {
 var dciAttr = verbs.QPAttr{Timeout: 2 * time.Second, RetryCnt: 7, RNRRetry: 7}
 
 // dci makes a DCI on n in RTS.
-func (n *node) dci() verbs.QP {
+func (n *node) dci() verbs.QP { return n.dciWith(dciAttr) }
+
+// dciWith makes a DCI on n in RTS with the timeouts and retry counts of a.
+func (n *node) dciWith(a verbs.QPAttr) verbs.QP {
 	t := n.e.t
 	t.Helper()
 	q, err := n.pd.CreateQP(verbs.QPConfig{Type: verbs.DCI, SendCQ: n.cq, Caps: verbs.QPCaps{MaxSendWR: 256, MaxInline: 256, MaxRdAtomic: 16}})
 	if err != nil {
 		t.Fatalf("CreateQP(DCI): %v", err)
 	}
-	dciUp(t, q, dciAttr)
+	dciUp(t, q, a)
 	return q
 }
 

@@ -53,9 +53,9 @@ import (
 
 	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/meta"
+	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs"
-	"github.com/krfs/krfs/verbs/softnic"
 )
 
 // qpcoreRCService is the connection-manager service on which a krfs
@@ -166,6 +166,14 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 // noDrive is the -nodrive flag.
 var noDrive bool
 
+// nicOpts are the -backend, -device, -port and -gid-index flags;
+// coreCfg is qpcore's configuration for the NIC opened with them
+// (RC-only on a device without DC, its transport).
+var (
+	nicOpts nic.Options
+	coreCfg qpcore.Config
+)
+
 // echoes is the -echo flag: UDP echo servers (krfs-baseline serve) on the
 // meta service's host, then on each memory node's host in -nodes order.
 var echoes []netip.AddrPort
@@ -173,7 +181,12 @@ var echoes []netip.AddrPort
 func main() {
 	mode := flag.String("mode", "vqp", "files, vqp, rc or coldpeer")
 	metaAddr := flag.String("meta", "", "meta service HOST:PORT")
-	listen := flag.String("listen", "127.0.0.1:0", "address of this process's software NIC")
+	listen := flag.String("listen", "127.0.0.1:0", "address of this process's NIC (softnic's socket, or the rdma backend's connection manager)")
+	backend := flag.String("backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma; the memory nodes must use the same")
+	flag.StringVar(&nicOpts.Device, "device", "", "rdma: the RDMA device, like mlx5_0")
+	flag.IntVar(&nicOpts.Port, "port", 0, "rdma: the device's port number (0: the first active one)")
+	flag.IntVar(&nicOpts.GIDIndex, "gid-index", -1, "rdma: the GID table index (-1: the port's RoCEv2 IPv4 GID)")
+	flag.IntVar(&nicOpts.TrafficClass, "traffic-class", 0, "rdma: GRH traffic class (RoCEv2: DSCP<<2)")
 	nodesFlag := flag.String("nodes", "", "gids of the memory nodes, in race.py's --nodes order")
 	iters := flag.Int("n", 100, "coldpeer: iterations")
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
@@ -191,6 +204,11 @@ func main() {
 	})
 	parallel := flag.Bool("parallel", false, "connect to the memory nodes all at once (a goroutine each), not one after another")
 	flag.Parse()
+	var err error
+	if nicOpts.Backend, err = nic.ParseBackend(*backend); err != nil {
+		fmt.Fprintln(os.Stderr, "raceboot: -backend:", err)
+		os.Exit(2)
+	}
 	if err := run(*mode, *metaAddr, *listen, *nodesFlag, *mount, *iters, *timeout, *parallel, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "raceboot:", err)
 		os.Exit(1)
@@ -226,11 +244,15 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	dev, err := softnic.OpenUDP(listen)
+	no := nicOpts
+	no.Listen = listen
+	opened, err := nic.Open(no)
 	if err != nil {
 		return err
 	}
+	dev := opened.Dev
 	defer dev.Close()
+	coreCfg = qpcore.Config{DisableRC: true, NoDrive: noDrive, NoDC: !opened.DC, Transport: opened.Transport}
 	mcfg := meta.ClientConfig{Servers: []netip.AddrPort{server}}
 	if mode == "rc" {
 		// The RC client looks each memory node up once: like a plain
@@ -288,7 +310,7 @@ func eachNode(n int, parallel bool, connect func(i int) error) error {
 }
 
 func bootVQP(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uint32, key []byte, r *result, t1 time.Time, parallel bool) error {
-	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true, NoDrive: noDrive})
+	n, err := qpcore.NewNode(dev, cl, coreCfg)
 	if err != nil {
 		return err
 	}
@@ -540,7 +562,7 @@ func coldPeer(ctx context.Context, dev verbs.Device, cl *meta.Client, gids []uin
 		defer ping.Close()
 	}
 	var ucold, uwarm []time.Duration
-	n, err := qpcore.NewNode(dev, cl, qpcore.Config{DisableRC: true, NoDrive: noDrive})
+	n, err := qpcore.NewNode(dev, cl, coreCfg)
 	if err != nil {
 		return err
 	}

@@ -28,4 +28,4 @@ func NewManualClock(start time.Time) *ManualClock { return clocktest.NewManual(s
 type clockSource struct{ n *Network }
 
 func (s clockSource) NextDue() (time.Time, bool) { return s.n.nextDue() }
-func (s clockSource) RunDue(now time.Time)        { s.n.deliverDue(now) }
+func (s clockSource) RunDue(now time.Time)       { s.n.deliverDue(now) }
