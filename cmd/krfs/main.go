@@ -120,6 +120,7 @@ cluster through files: /MOUNT/peers/GID/REGION is a peer's memory region
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", errUsage, err) })
 	root.AddCommand(mountCmd(stdout, stderr), metaCmd(stderr), atomicCmd(stdout), resCmd(stdout),
 		benchCmd(stdout, stderr), devicesCmd(stdout), purgeCmd(stdout), manCmd(), versionCmd(stdout))
+	addCompletions(root)
 	return root
 }
 
