@@ -276,6 +276,10 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 	if err != nil {
 		return nil, err
 	}
+	id, err := nodeIdentity(log, f, backend)
+	if err != nil {
+		return nil, err
+	}
 	if f.encrypt && len(key) == 0 {
 		return nil, fmt.Errorf("%w: --encrypt needs --cluster-key-file", errUsage)
 	}
@@ -303,7 +307,7 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 	return node.Start(context.Background(), node.Config{
 		Device: opened.Dev,
 		Meta:   servers,
-		QPCore: qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout,
+		QPCore: qpcore.Config{GID: id.gid, DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout,
 			NoDC: !opened.DC, Transport: opened.Transport, MaxRegions: f.maxRegions, PortDepth: f.portDepth,
 			MemCacheSize: int(f.limits.memCache)},
 		MemSize:       mem,
@@ -311,6 +315,8 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 		ShmDir:        f.shmDir,
 		// The meta service is a peer too: --timeout bounds a listing's query.
 		MetaTimeout: f.timeout,
+		NodeKey:     id.key,
+		Reclaimed:   id.reclaimed,
 	}, log)
 }
 

@@ -88,8 +88,3 @@ func servingMessage(daemon bool) string {
 	return "krfs mounted; serving in the foreground until unmounted or interrupted"
 }
 
-// knownGID is the gid the node will have, if known before it starts:
-// --gid.
-func knownGID(f *mountFlags) uint32 {
-	return uint32(f.gid)
-}

@@ -540,7 +540,13 @@ func DefaultDir(gid uint32) string {
 	return filepath.Join(defaultBase(), fmt.Sprintf("krfs-%d", gid))
 }
 
+// testBase replaces the default base in tests.
+var testBase string
+
 func defaultBase() string {
+	if testBase != "" {
+		return testBase
+	}
 	base := "/dev/shm"
 	if st, err := os.Stat(base); err != nil || !st.IsDir() {
 		base = os.TempDir()
