@@ -139,8 +139,8 @@ type message struct {
 	status  status
 	reqID   uint32
 	leaseMs uint32
-	node    NodeInfo // GID always; the rest as the body carries it
-	version uint8    // wire version; 0 means msgVersion
+	node    NodeInfo         // GID always; the rest as the body carries it
+	version uint8            // wire version; 0 means msgVersion
 	blob    [authSigLen]byte // hello's key or nonce, auth's signature (bodyLen bytes of it)
 }
 

@@ -87,4 +87,3 @@ func servingMessage(daemon bool) string {
 	}
 	return "krfs mounted; serving in the foreground until unmounted or interrupted"
 }
-
