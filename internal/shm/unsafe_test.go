@@ -113,3 +113,28 @@ func TestOpenRefusesUnsafeDirectories(t *testing.T) {
 		t.Fatal("Map created the link's target")
 	}
 }
+
+// Chmod, Chown and Stat act on the region file through the directory's
+// descriptor.
+func TestChmodChownThroughTheDirectory(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Map("r", 4096, 0o600, -1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Chmod("r", 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Chown("r", os.Getuid(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if mode, uid, gid, size, err := s.Stat("r"); err != nil || mode != 0o640 || uid != os.Getuid() || gid != 0 || size != 4096 {
+		t.Fatalf("Stat: %v %d %d %d %v", mode, uid, gid, size, err)
+	}
+	if err := s.Chmod("missing", 0o600); err == nil {
+		t.Fatal("Chmod of a missing region")
+	}
+}
