@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/krfs/krfs/verbs/softnic"
 )
 
 // The attack of issue 31.1 through the command line: nobody prepares the
@@ -32,7 +30,7 @@ func TestMountRefusesAPreparedStore(t *testing.T) {
 	os.Chown(dir, 65534, 65534)
 	os.Symlink(victim, filepath.Join(dir, ".lock"))
 	os.Symlink(secret, filepath.Join(dir, "mem"))
-	probe, err := softnic.OpenUDP("127.0.0.1:0")
+	probe, err := openSoftnic(t, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/node"
-	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs"
 )
 
 // startIdentityNode starts a node on a softnic device at listen, as krfs
@@ -27,7 +27,7 @@ func startIdentityNode(t *testing.T, f *mountFlags, metaAddr netip.AddrPort) *no
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := softnic.OpenUDP(f.listen)
+	dev, err := openSoftnic(t, f.listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestRemountKeepsIdentity(t *testing.T) {
 	if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
 		t.Skip("no /dev/shm")
 	}
-	mdev, err := softnic.OpenUDP("127.0.0.1:0")
+	mdev, err := openSoftnic(t, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestRemountKeepsIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	probe, _ := softnic.OpenUDP("127.0.0.1:0")
+	probe, _ := openSoftnic(t, "127.0.0.1:0")
 	listen := probe.Addr().String()
 	probe.Close()
 	f := &mountFlags{listen: listen, meta: srv.Addr().String()}
@@ -94,7 +94,7 @@ func TestRemountKeepsIdentity(t *testing.T) {
 	n.Close()
 
 	// Another node takes the gid; the remount then gets a new one.
-	other, _ := softnic.OpenUDP("127.0.0.1:0")
+	other, _ := openSoftnic(t, "127.0.0.1:0")
 	oc, err := meta.NewClient(context.Background(), other, meta.ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, NodeKey: newTestKey(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -127,4 +127,14 @@ func newTestKey(t *testing.T) ed25519.PrivateKey {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// openSoftnic opens a softnic device at addr (port 0: any) through nic.
+func openSoftnic(t *testing.T, addr string) (verbs.Device, error) {
+	t.Helper()
+	o, err := nic.Open(nic.Options{Backend: nic.Softnic, Listen: addr, DefaultListen: addr})
+	if err != nil {
+		return nil, err
+	}
+	return o.Dev, nil
 }
