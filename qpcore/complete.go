@@ -143,3 +143,10 @@ func (n *Node) dropErroredRCLocked(p *peer, c *rcConn, e *effects) {
 	n.handleFailuresLocked(p, failed, true, e)
 	n.settleAllLocked(p)
 }
+
+// failure is an operation's error completion.
+type failure struct {
+	o   *op
+	st  verbs.Status
+	why verbs.Reason
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/krfs/krfs/meta"
@@ -47,93 +46,6 @@ func (s pauseState) String() string {
 		return "rnr"
 	}
 	return fmt.Sprintf("pauseState(%d)", uint8(s))
-}
-
-// rcPhase is the state of a peer's RC connection.
-//
-//	none --(hot)--> connecting --(handshake done)--> ready --(idle, LRU victim,
-//	  ^                 |                              |     peer changed)--> draining
-//	  +----(failed)-----+                              |                         |
-//	  +--------------------(QP error)------------------+                         |
-//	  +----------------------------(drained, or QP error)------------------------+
-type rcPhase uint8
-
-const (
-	rcNone rcPhase = iota
-	rcConnecting
-	rcReady
-	rcDraining
-)
-
-func (s rcPhase) String() string {
-	switch s {
-	case rcNone:
-		return "none"
-	case rcConnecting:
-		return "connecting"
-	case rcReady:
-		return "ready"
-	case rcDraining:
-		return "draining"
-	}
-	return fmt.Sprintf("rcPhase(%d)", uint8(s))
-}
-
-func rcTransitionOK(from, to rcPhase) bool {
-	switch to {
-	case rcConnecting:
-		return from == rcNone
-	case rcReady:
-		return from == rcConnecting
-	case rcDraining:
-		return from == rcReady
-	case rcNone:
-		return from != rcNone
-	}
-	return false
-}
-
-// dciSlot is one DCI of the pool. While a peer owns it (see dct.Arbiter)
-// its fields are guarded by that peer's mu; a DCI changes owner only when
-// out is 0 and it is not errored.
-type dciSlot struct {
-	idx     int
-	qp      verbs.QP
-	out     int       // WRs posted and not completed
-	errored bool      // an error completion arrived: recovering
-	failed  []failure // error and flushed completions, in completion order
-}
-
-// failure is an operation's error completion.
-type failure struct {
-	o   *op
-	st  verbs.Status
-	why verbs.Reason
-}
-
-// rcConn is an RC QP this node initiated to a peer. Its fields other
-// than lastUsed are guarded by the peer's mu.
-type rcConn struct {
-	p        *peer
-	qp       verbs.QP
-	out      int
-	errored  bool
-	failed   []failure
-	lastUsed atomic.Int64 // unix nanoseconds of the last post
-}
-
-// meter counts operations in a tumbling window.
-type meter struct {
-	start time.Time
-	n     int
-}
-
-func (m *meter) add(now time.Time, window time.Duration, k int) int {
-	if now.Sub(m.start) > window {
-		m.start, m.n = now, 0
-	}
-	m.n += k
-	return m.n
 }
 
 // peer is what this node keeps for one remote node. Lock order:
@@ -196,13 +108,6 @@ type peer struct {
 	held   []*VQP // VQPs with held ops (switching fence)
 	sys    *VQP   // internal VQP: directory reads, messages
 	active int    // ops not done
-}
-
-func (p *peer) setRCLocked(to rcPhase) {
-	if !rcTransitionOK(p.rcPhase, to) {
-		panic(fmt.Sprintf("qpcore: peer %d: RC %v -> %v", p.gid, p.rcPhase, to))
-	}
-	p.rcPhase = to
 }
 
 func (p *peer) queue(t Transport) *opQueue {
