@@ -125,9 +125,7 @@ func (n *Node) rcDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 func (n *Node) dropErroredRCLocked(p *peer, c *rcConn, e *effects) {
 	failed := c.failed
 	c.failed = nil
-	p.rc = nil
-	p.setRCLocked(rcNone)
-	p.rcRetryAt = n.clock.Now().Add(n.cfg.RCIdle)
+	p.rc.drop(c, n.clock.Now().Add(n.cfg.RCIdle))
 	e.destroy = append(e.destroy, c)
 	n.stats.rcErrors.Add(1)
 	n.stats.rcFallbacks.Add(1)

@@ -101,9 +101,7 @@ func (n *Node) apply(e *effects) {
 			e.connect = e.connect[:len(e.connect)-1]
 			if !n.goSafe(func() { n.connectRC(p) }) {
 				p.mu.Lock()
-				if p.rcPhase == rcConnecting {
-					p.setRCLocked(rcNone)
-				}
+				p.rc.abort(time.Time{})
 				p.mu.Unlock()
 			}
 		case len(e.relook) > 0:

@@ -292,10 +292,7 @@ func (n *Node) relookup(p *peer) {
 	changed := err == nil && info.GID == p.gid && info.Addr.IsValid() && info != p.info
 	if changed {
 		p.setInfoLocked(info)
-		if p.rc != nil && p.rcPhase == rcReady {
-			p.setRCLocked(rcDraining)
-			n.rcMaybeCloseLocked(p, e)
-		}
+		n.drainRCLocked(p, e)
 	}
 	retry := err == nil
 	stalled := p.stalled

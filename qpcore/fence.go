@@ -8,7 +8,7 @@ package qpcore
 // RC-only peer it is always DC: the peer has one queue (dcq), which its RC
 // QP serves (see postRCOnlyLocked), so no fence is ever needed.
 func (n *Node) wantLocked(p *peer, v *VQP) Transport {
-	if v.sys || p.rcOnly || p.rc == nil || p.rcPhase != rcReady {
+	if v.sys || p.rcOnly || !p.rc.ready() {
 		return DC
 	}
 	return RC

@@ -15,11 +15,10 @@ import (
 // noteTrafficLocked accounts k new ops of v and starts building an RC QP
 // when the peer turned hot.
 func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effects) {
-	if v.sys || p.rcOnly || n.cfg.DisableRC || k == 0 || p.rcPhase != rcNone || now.Before(p.rcRetryAt) {
+	if v.sys || p.rcOnly || n.cfg.DisableRC || k == 0 {
 		return
 	}
-	if p.meter.add(now, n.cfg.RCWindow, k) >= n.cfg.RCThreshold {
-		p.setRCLocked(rcConnecting)
+	if p.rc.hot(now, n.cfg.RCWindow, n.cfg.RCThreshold, k) {
 		e.connect = append(e.connect, p)
 	}
 }
@@ -27,7 +26,7 @@ func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effec
 // inFlightLocked reports whether p has WRs posted and not completed on
 // its DCI or RC QP, whose completions will kick its queues.
 func (n *Node) inFlightLocked(p *peer) bool {
-	return (p.dci != nil && p.dci.out > 0 && !p.dci.errored) || (p.rc != nil && p.rc.out > 0 && !p.rc.errored)
+	return (p.dci != nil && p.dci.out > 0 && !p.dci.errored) || (p.rc.conn != nil && p.rc.conn.out > 0 && !p.rc.conn.errored)
 }
 
 // kickLocked posts what p's queues and QPs allow.
@@ -39,8 +38,8 @@ func (n *Node) kickLocked(p *peer, e *effects) {
 		n.parkDCILocked(p, e)
 		return
 	}
-	if p.rcq.len() > 0 && p.rc != nil && !p.rc.errored {
-		room := n.cfg.RCDepth - p.rc.out
+	if c := p.rc.postable(); c != nil && p.rcq.len() > 0 {
+		room := n.cfg.RCDepth - c.out
 		if room > 0 {
 			n.postBatchLocked(p, n.takeBatchLocked(p, &p.rcq, room, e), RC, e)
 		}
@@ -87,11 +86,10 @@ func (n *Node) postRCOnlyLocked(p *peer, e *effects) {
 		return
 	}
 	switch {
-	case p.rcPhase == rcNone:
-		p.setRCLocked(rcConnecting)
+	case p.rc.connect():
 		e.connect = append(e.connect, p)
-	case p.rcPhase == rcReady && !p.rc.errored:
-		if room := n.cfg.RCDepth - p.rc.out; room > 0 {
+	case p.rc.ready() && !p.rc.conn.errored:
+		if room := n.cfg.RCDepth - p.rc.conn.out; room > 0 {
 			n.postBatchLocked(p, n.takeBatchLocked(p, &p.dcq, room, e), RC, e)
 		}
 	}
@@ -168,7 +166,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 	if t == DC {
 		qp = p.dci.qp
 	} else {
-		qp = p.rc.qp
+		qp = p.rc.conn.qp
 	}
 	err := qp.PostSend(wrs)
 	k := len(wrs)
@@ -191,7 +189,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 		if t == DC {
 			o.dci = p.dci
 		} else {
-			o.rc = p.rc
+			o.rc = p.rc.conn
 		}
 	}
 	n.stats.doorbells.Add(1)
@@ -200,8 +198,8 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 		p.dciPosted += k
 		n.stats.opsDC.Add(uint64(k))
 	} else {
-		p.rc.out += k
-		p.rc.lastUsed.Store(now.UnixNano()) // the batch's time: idle tracking needs no more
+		p.rc.conn.out += k
+		p.rc.conn.lastUsed.Store(now.UnixNano()) // the batch's time: idle tracking needs no more
 		n.stats.opsRC.Add(uint64(k))
 	}
 }

@@ -199,10 +199,7 @@ func (n *Node) relookSilent(p *peer) {
 	p.mu.Lock()
 	if err == nil && !p.closed && info.GID == p.gid && info.Addr.IsValid() && info != p.info {
 		p.setInfoLocked(info)
-		if p.rc != nil && p.rcPhase == rcReady {
-			p.setRCLocked(rcDraining)
-			n.rcMaybeCloseLocked(p, e)
-		}
+		n.drainRCLocked(p, e)
 		n.answeredLocked(p)
 		n.kickLocked(p, e)
 	}

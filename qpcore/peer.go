@@ -97,13 +97,10 @@ type peer struct {
 	dciPosted int      // WRs posted on dci in this turn (quota)
 	dcq       opQueue
 
-	// RC connection.
-	rcOnly    bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
-	rcPhase   rcPhase
-	rc        *rcConn
-	rcq       opQueue
-	rcRetryAt time.Time
-	meter     meter
+	// RC connection (rclink.go).
+	rcOnly bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
+	rc     rcLink
+	rcq    opQueue
 
 	held   []*VQP // VQPs with held ops (switching fence)
 	sys    *VQP   // internal VQP: directory reads, messages
@@ -136,7 +133,7 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 
 // idleLocked reports whether the peer holds no resources and no work.
 func (p *peer) idleLocked() bool {
-	if p.active != 0 || p.dci != nil || p.rcPhase != rcNone || p.pause != pauseNone || p.dirFetching {
+	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause != pauseNone || p.dirFetching {
 		return false
 	}
 	p.n.dcMu.Lock()

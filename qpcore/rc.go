@@ -45,11 +45,8 @@ func (n *Node) connectRC(p *peer) {
 	fail := func(q verbs.QP, reserved bool, why error) {
 		e := n.newEffects()
 		p.mu.Lock()
-		if p.rcPhase == rcConnecting {
-			p.setRCLocked(rcNone)
-		}
-		p.rcRetryAt = n.clock.Now().Add(n.cfg.RCWindow)
-		if rcOnly && p.rcOnly && p.rc == nil {
+		p.rc.abort(n.clock.Now().Add(n.cfg.RCWindow))
+		if rcOnly && p.rcOnly && p.rc.conn == nil {
 			// Nothing else can carry the peer's operations: they fail.
 			for _, o := range p.dcq.take() {
 				n.finishLocked(p, o, why, e)
@@ -98,14 +95,13 @@ func (n *Node) connectRC(p *peer) {
 	c.lastUsed.Store(n.clock.Now().UnixNano())
 	e := n.newEffects()
 	p.mu.Lock()
-	if p.closed || p.rcPhase != rcConnecting || p.info.Incarnation != info.Incarnation {
+	if p.closed || !p.rc.connecting() || p.info.Incarnation != info.Incarnation {
 		p.mu.Unlock()
 		n.stats.rcConnectFailures.Add(1)
 		fail(q, true, fmt.Errorf("%w: gid %d changed while its RC QP connected", ErrStale, p.gid))
 		return
 	}
-	p.rc = c
-	p.setRCLocked(rcReady)
+	p.rc.up(c)
 	n.rcMu.Lock()
 	n.rcConns = append(n.rcConns, c)
 	n.rcMu.Unlock()
@@ -204,10 +200,9 @@ func (n *Node) drainIdleRC(c *rcConn) bool {
 	p := c.p
 	e := n.newEffects()
 	p.mu.Lock()
-	ok := p.rc == c && p.rcPhase == rcReady && c.out == 0 && !c.errored &&
-		p.rcq.len() == 0 && (!p.rcOnly || p.dcq.len() == 0)
+	ok := p.rc.conn == c && c.out == 0 && !c.errored &&
+		p.rcq.len() == 0 && (!p.rcOnly || p.dcq.len() == 0) && p.rc.drain()
 	if ok {
-		p.setRCLocked(rcDraining)
 		n.rcMaybeCloseLocked(p, e)
 		n.settleAllLocked(p)
 	}
@@ -221,9 +216,8 @@ func (n *Node) drainRC(c *rcConn) bool {
 	p := c.p
 	e := n.newEffects()
 	p.mu.Lock()
-	ok := p.rc == c && p.rcPhase == rcReady
+	ok := p.rc.conn == c && p.rc.drain()
 	if ok {
-		p.setRCLocked(rcDraining)
 		n.rcMaybeCloseLocked(p, e)
 		n.settleAllLocked(p)
 		n.kickLocked(p, e)
@@ -236,15 +230,21 @@ func (n *Node) drainRC(c *rcConn) bool {
 // rcMaybeCloseLocked destroys a draining RC QP once nothing is queued or
 // in flight on it.
 func (n *Node) rcMaybeCloseLocked(p *peer, e *effects) {
-	c := p.rc
-	if c == nil || p.rcPhase != rcDraining || c.out > 0 || c.errored || p.rcq.len() > 0 {
+	c := p.rc.closeDrained(p.rcq.len())
+	if c == nil {
 		return
 	}
-	p.rc = nil
-	p.setRCLocked(rcNone)
 	e.destroy = append(e.destroy, c)
 	n.stats.rcFallbacks.Add(1)
 	n.settleAllLocked(p)
+}
+
+// drainRCLocked drains p's RC QP if it is ready: the peer changed (a new
+// incarnation or address), so the QP reaches the old one.
+func (n *Node) drainRCLocked(p *peer, e *effects) {
+	if p.rc.drain() {
+		n.rcMaybeCloseLocked(p, e)
+	}
 }
 
 // destroyRC destroys c's QP and frees its pool slot.
