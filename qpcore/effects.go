@@ -186,11 +186,8 @@ func (n *Node) finishLocked(p *peer, o *op, err error, e *effects) {
 	}
 	p.active--
 	n.ops.del(o)
-	if v := o.v; counted {
-		v.out[o.route]--
-		if len(v.held) > 0 && v.out[o.route] == 0 {
-			n.settleLocked(p, v)
-		}
+	if counted {
+		n.doneLocked(p, o.v, o.route)
 	}
 	e.done = append(e.done, o)
 }

@@ -157,20 +157,9 @@ func (n *Node) expireLocked(p *peer, now time.Time, e *effects) {
 	clear(p.stalled[k:])
 	p.stalled = p.stalled[:k]
 	for _, v := range append([]*VQP(nil), p.held...) {
-		var gone []*op
-		j := 0
-		for _, o := range v.held {
-			if late(o) {
-				gone = append(gone, o)
-			} else {
-				v.held[j] = o
-				j++
-			}
-		}
-		clear(v.held[j:])
-		v.held = v.held[:j]
-		if len(v.held) == 0 {
-			n.dropHeldLocked(p, v)
+		gone, empty := v.expire(late)
+		if empty {
+			p.held.drop(v)
 		}
 		out = append(out, gone...)
 	}

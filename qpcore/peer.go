@@ -102,9 +102,9 @@ type peer struct {
 	rc     rcLink
 	rcq    opQueue
 
-	held   []*VQP // VQPs with held ops (switching fence)
-	sys    *VQP   // internal VQP: directory reads, messages
-	active int    // ops not done
+	held   fencedVQPs // VQPs with held ops (switching fence)
+	sys    *VQP       // internal VQP: directory reads, messages
+	active int        // ops not done
 }
 
 func (p *peer) queue(t Transport) *opQueue {

@@ -19,10 +19,7 @@ type VQP struct {
 	p   *peer
 	sys bool // the peer's internal VQP
 
-	// Guarded by p.mu.
-	route Transport
-	out   [2]int // ops queued, posted or stalled on each transport
-	held  []*op  // ops waiting for the switching fence
+	fence // guarded by p.mu (fence.go)
 
 	postSeq uint64 // sequence number of the next async op; guarded by p.mu
 
@@ -96,10 +93,7 @@ func (v *VQP) Transport() Transport {
 	p := v.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(v.held) > 0 || v.out[v.route] > 0 {
-		return v.route
-	}
-	return v.n.wantLocked(p, v)
+	return v.current(v.n.wantLocked(p, v))
 }
 
 // Close releases the VQP. Operations in flight complete (synchronous

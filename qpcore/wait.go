@@ -83,16 +83,9 @@ func (n *Node) cancel1(o *op, err error) {
 	removed := false
 	switch o.state {
 	case opHeld:
-		v := o.v
-		for i, h := range v.held {
-			if h == o {
-				v.held = append(v.held[:i], v.held[i+1:]...)
-				removed = true
-				break
-			}
-		}
-		if removed && len(v.held) == 0 {
-			n.dropHeldLocked(p, v)
+		var empty bool
+		if removed, empty = o.v.withdraw(o); empty {
+			p.held.drop(o.v)
 		}
 	case opQueued:
 		removed = p.queue(o.route).remove(o)
