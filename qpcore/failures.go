@@ -179,7 +179,7 @@ func (n *Node) loseAtomicsLocked(p *peer, failed []failure, ci int, e *effects) 
 func (n *Node) lostLocked(p *peer, failed []failure, e *effects) {
 	now := n.clock.Now()
 	dead := n.struckLocked(p, now)
-	if dead || p.strikes == 1 {
+	if dead || p.live.firstSilence() {
 		// The first silence may be a peer that moved: look it up in
 		// the background (operations go on meanwhile).
 		e.down = append(e.down, p)
@@ -195,7 +195,7 @@ func (n *Node) lostLocked(p *peer, failed []failure, e *effects) {
 	for _, f := range failed {
 		o := f.o
 		switch {
-		case p.down:
+		case p.live.down:
 			n.finishLocked(p, o, n.downErr(p, nil), e)
 		case !n.canRetryLocked(o, now):
 			n.stats.opTimeouts.Add(1)

@@ -70,11 +70,7 @@ type peer struct {
 	pause     pauseState
 	stalled   []*op // failed ops waiting for the pause to end, in order
 
-	// Liveness (see liveness.go).
-	strikes    int       // consecutive retry-exhausted failures, no answer since
-	silentFrom time.Time // no answer from the peer since then (valid if strikes > 0)
-	down       bool      // declared down on evidence of death
-	probeAt    time.Time // while down: when the next operation may go as a probe
+	live liveness // what its answers and silences say (liveness.go)
 
 	// Region directory cache. dirHint: dir holds only the default
 	// region, from the meta entry's hint (no directory READ yet);

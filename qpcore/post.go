@@ -126,8 +126,6 @@ func (n *Node) prepareLocked(ctx context.Context, p *peer, v *VQP, wr *WR, start
 	o.expires = start.Add(n.cfg.PeerTimeout)
 	n.ops.add(o)
 	p.active++
-	if p.down {
-		p.probeAt = n.clock.Now().Add(n.attempt) // o is the down peer's probe
-	}
+	p.live.admitted(n.clock, n.attempt) // to a down peer, o is the probe
 	return o, nil
 }
