@@ -120,28 +120,6 @@ func (n *Node) rcDoneLocked(p *peer, o *op, wc *verbs.WC, e *effects) {
 	}
 }
 
-// dropErroredRCLocked drops p's RC QP c, in ERR with nothing in flight: it
-// needs a new handshake, so the peer falls back to DC.
-func (n *Node) dropErroredRCLocked(p *peer, c *rcConn, e *effects) {
-	failed := c.failed
-	c.failed = nil
-	p.rc.drop(c, n.clock.Now().Add(n.cfg.RCIdle))
-	e.destroy = append(e.destroy, c)
-	n.stats.rcErrors.Add(1)
-	n.stats.rcFallbacks.Add(1)
-	// Operations queued for RC go to DC after the failed ones.
-	rest := p.rcq.take()
-	for _, x := range rest {
-		n.rerouteLocked(x)
-	}
-	p.dcq.pushFront(rest)
-	for _, f := range failed {
-		n.rerouteLocked(f.o)
-	}
-	n.handleFailuresLocked(p, failed, true, e)
-	n.settleAllLocked(p)
-}
-
 // failure is an operation's error completion.
 type failure struct {
 	o   *op

@@ -3,7 +3,6 @@ package qpcore
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/krfs/krfs/verbs"
 )
@@ -11,17 +10,6 @@ import (
 // Kicking a peer: its queued operations go to its DCI (acquired from the
 // arbiter, dci.go) or RC QP, as many as the QP's free slots and the DCI
 // quota allow, with one PostSend per QP (one doorbell).
-
-// noteTrafficLocked accounts k new ops of v and starts building an RC QP
-// when the peer turned hot.
-func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effects) {
-	if v.sys || p.rcOnly || n.cfg.DisableRC || k == 0 {
-		return
-	}
-	if p.rc.hot(now, n.cfg.RCWindow, n.cfg.RCThreshold, k) {
-		e.connect = append(e.connect, p)
-	}
-}
 
 // inFlightLocked reports whether p has WRs posted and not completed on
 // its DCI or RC QP, whose completions will kick its queues.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/krfs/krfs/clock"
 	"github.com/krfs/krfs/verbs"
@@ -258,5 +259,38 @@ func (n *Node) destroyRC(c *rcConn) {
 	n.rcMu.Unlock()
 	if i >= 0 {
 		n.freeRCSlot()
+	}
+}
+
+// dropErroredRCLocked drops p's RC QP c, in ERR with nothing in flight: it
+// needs a new handshake, so the peer falls back to DC.
+func (n *Node) dropErroredRCLocked(p *peer, c *rcConn, e *effects) {
+	failed := c.failed
+	c.failed = nil
+	p.rc.drop(c, n.clock.Now().Add(n.cfg.RCIdle))
+	e.destroy = append(e.destroy, c)
+	n.stats.rcErrors.Add(1)
+	n.stats.rcFallbacks.Add(1)
+	// Operations queued for RC go to DC after the failed ones.
+	rest := p.rcq.take()
+	for _, x := range rest {
+		n.rerouteLocked(x)
+	}
+	p.dcq.pushFront(rest)
+	for _, f := range failed {
+		n.rerouteLocked(f.o)
+	}
+	n.handleFailuresLocked(p, failed, true, e)
+	n.settleAllLocked(p)
+}
+
+// noteTrafficLocked accounts k new ops of v and starts building an RC QP
+// when the peer turned hot.
+func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effects) {
+	if v.sys || p.rcOnly || n.cfg.DisableRC || k == 0 {
+		return
+	}
+	if p.rc.hot(now, n.cfg.RCWindow, n.cfg.RCThreshold, k) {
+		e.connect = append(e.connect, p)
 	}
 }
