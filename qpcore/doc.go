@@ -250,5 +250,7 @@
 // transport, fences and switches, DCI waits and yields, pre-check
 // refusals by cause, QP errors and recoveries, re-posted WRs, re-lookups,
 // RC connections, evictions and teardowns, directory reads, and message
-// bytes delivered and copied per path. Node.Peer describes one peer.
+// bytes delivered and copied per path. Each figure is one row of the stat
+// table (stattable.go), which also names the Prometheus metric that
+// exports it (package node). Node.Peer describes one peer.
 package qpcore
