@@ -42,7 +42,7 @@ log "building bin/krfs"
 mkdir -p bin
 $GO build -o bin/krfs ./cmd/krfs
 KRFS=$PWD/bin/krfs
-$GO build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline
+$GO build -o bin/krfs-baseline ./cmd/krfs-baseline
 KBASE=$PWD/bin/krfs-baseline
 
 # Go benchmarks, one at a time (with 2 vCPUs anything beside a
@@ -57,7 +57,7 @@ if [[ ${ONLY:-} != veth ]]; then
 	gobench softnic_lat ./verbs/softnic '^BenchmarkReadLatency8B$' $GB_LAT
 	gobench softnic_rate ./verbs/softnic '^BenchmarkReadRate32$' $GB_RATE
 	gobench softnic_bw ./verbs/softnic '^BenchmarkReadBandwidth1M$' $GB_BW
-	gobench baseline_tcpconn ./internal/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
+	gobench baseline_tcpconn ./bench/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
 	gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
 	gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
 	gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
 )
 
 // The comparison tables are data: rowTable lists every row in the order
@@ -223,7 +223,7 @@ func rowTable() []rowSpec {
 		rowSpec{section: "connect", what: "VQP connect, cold vs RC from scratch", unit: "p50 us", gate: []measure{warm}, krfs: cold,
 			baseName: "RC QP create + handshake", base: rc, source: "qpcore BenchmarkQPCoreConnect"},
 		rowSpec{section: "connect", what: "VQP connect, cold vs TCP connect + 1 round trip", unit: "p50 us", gate: []measure{warm, goMetric("BenchmarkTCPConnectRoundTrip", "p50-us")},
-			krfs: cold, baseName: "TCP dial+accept+1 RTT", base: goMetric("BenchmarkTCPConnectRoundTrip", "p50-us"), source: "qpcore + internal/baseline benchmarks"},
+			krfs: cold, baseName: "TCP dial+accept+1 RTT", base: goMetric("BenchmarkTCPConnectRoundTrip", "p50-us"), source: "qpcore + bench/baseline benchmarks"},
 		rowSpec{section: "connect", what: "krfs bench connect (API, separate process, real meta): cold", unit: "p50 us", gate: []measure{report("api_connect", tables(2))},
 			krfs: lat("api_connect", 1), baseName: "TCP dial+accept+1 RTT", base: base("api_connect"), source: "krfs bench connect --baseline"},
 		rowSpec{section: "connect", what: "krfs bench connect (API): cold connect + first 8 B READ", unit: "p50 us", gate: []measure{reports("", tables(3), "api_connect")},

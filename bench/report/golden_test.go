@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current code")
