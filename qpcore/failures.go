@@ -217,35 +217,6 @@ func (n *Node) requeueLocked(p *peer, ops []*op) {
 	n.stats.reposted.Add(uint64(len(ops)))
 }
 
-// stallLocked parks ops until the peer's pause ends.
-func (n *Node) stallLocked(p *peer, ops []*op) {
-	for _, o := range ops {
-		o.setState(opStalled)
-	}
-	p.stalled = append(p.stalled, ops...)
-}
-
-// unstallLocked ends a pause: stalled ops go back in front of the DC
-// queue.
-func (n *Node) unstallLocked(p *peer) {
-	ops := p.stalled
-	p.stalled = nil
-	p.pause = pauseNone
-	n.requeueLocked(p, ops)
-}
-
-// resumeRNR ends an RNR pause.
-func (n *Node) resumeRNR(p *peer) {
-	e := n.newEffects()
-	p.mu.Lock()
-	if p.pause == pauseRNR && !p.closed {
-		n.unstallLocked(p)
-		n.kickLocked(p, e)
-	}
-	p.mu.Unlock()
-	n.apply(e)
-}
-
 // relookup re-resolves a peer whose QP said its metadata is stale, then
 // retries or fails the stalled ops.
 func (n *Node) relookup(p *peer) {

@@ -24,30 +24,6 @@ type Resolver interface {
 	Invalidate(gid uint32)
 }
 
-// pauseState says whether a peer's queues may be posted.
-//
-//	none --(DC key / no-QP NAK)------------------------> resolve --(re-lookup done)--> none
-//	none --(RNR retries exhausted on a SEND)-----------> rnr -----(backoff elapsed)--> none
-type pauseState uint8
-
-const (
-	pauseNone    pauseState = iota
-	pauseResolve            // re-looking the peer up; failed ops wait in stalled
-	pauseRNR                // the receiver had no buffer; stalled ops retry after a backoff
-)
-
-func (s pauseState) String() string {
-	switch s {
-	case pauseNone:
-		return "none"
-	case pauseResolve:
-		return "resolve"
-	case pauseRNR:
-		return "rnr"
-	}
-	return fmt.Sprintf("pauseState(%d)", uint8(s))
-}
-
 // peer is what this node keeps for one remote node. Lock order:
 // Node.mu -> peer.mu -> (Node.dcMu | Node.rcMu | VQP.mu | memCache.mu);
 // never two peers' mu at once.
