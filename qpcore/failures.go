@@ -130,9 +130,8 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		for _, f := range failed {
 			ops = append(ops, f.o)
 		}
-		n.stallLocked(p, ops)
-		if p.pause == pauseNone {
-			p.pause = pauseRNR
+		p.pause.stall(ops)
+		if p.pause.rnr() {
 			e.rnr = append(e.rnr, p)
 		}
 	case failDown:
@@ -141,10 +140,9 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		for _, f := range failed {
 			ops = append(ops, f.o)
 		}
-		n.stallLocked(p, ops)
-		if p.pause != pauseResolve {
+		p.pause.stall(ops)
+		if p.pause.resolve() {
 			// A resolve takes over an RNR pause: its timer finds it gone.
-			p.pause = pauseResolve
 			e.relook = append(e.relook, p)
 		}
 	}
@@ -222,10 +220,7 @@ func (n *Node) requeueLocked(p *peer, ops []*op) {
 func (n *Node) relookup(p *peer) {
 	p.mu.Lock()
 	cur := p.info
-	fresh := false // some stalled op has its retry left: worth waiting for
-	for _, o := range p.stalled {
-		fresh = fresh || o.retries == 0
-	}
+	fresh := p.pause.fresh() // some stalled op has its retry left: worth waiting for
 	p.mu.Unlock()
 	// After a restart the resolver may serve the old metadata until the
 	// peer registered again: keep asking (with backoff), for at most
@@ -257,7 +252,7 @@ func (n *Node) relookup(p *peer) {
 		p.mu.Unlock()
 		n.apply(e)
 	}()
-	if p.closed || p.pause != pauseResolve {
+	if p.closed || !p.pause.is(pauseResolve) {
 		return
 	}
 	changed := err == nil && info.GID == p.gid && info.Addr.IsValid() && info != p.info
@@ -266,9 +261,7 @@ func (n *Node) relookup(p *peer) {
 		n.drainRCLocked(p, e)
 	}
 	retry := err == nil
-	stalled := p.stalled
-	p.stalled = nil
-	p.pause = pauseNone
+	stalled := p.pause.end()
 	var again []*op
 	for _, o := range stalled {
 		switch {

@@ -22,7 +22,7 @@ func (n *Node) kickLocked(p *peer, e *effects) {
 	if p.closed {
 		return
 	}
-	if p.pause != pauseNone {
+	if p.pause.active() {
 		n.parkDCILocked(p, e)
 		return
 	}

@@ -197,17 +197,7 @@ func (n *Node) expireLocked(p *peer, now time.Time, e *effects) {
 	for _, q := range []*opQueue{&p.dcq, &p.rcq} {
 		out = append(out, q.filter(keep)...)
 	}
-	k := 0
-	for _, o := range p.stalled {
-		if late(o) {
-			out = append(out, o)
-		} else {
-			p.stalled[k] = o
-			k++
-		}
-	}
-	clear(p.stalled[k:])
-	p.stalled = p.stalled[:k]
+	out = append(out, p.pause.expire(late)...)
 	for _, v := range append([]*VQP(nil), p.held...) {
 		gone, empty := v.expire(late)
 		if empty {

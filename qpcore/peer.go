@@ -43,8 +43,7 @@ type peer struct {
 	closed    bool
 	info      meta.NodeInfo
 	target    verbs.DCTarget
-	pause     pauseState
-	stalled   []*op // failed ops waiting for the pause to end, in order
+	pause     peerPause // re-lookup or RNR backoff, and its stalled ops (pause.go)
 
 	live liveness // what its answers and silences say (liveness.go)
 
@@ -105,7 +104,7 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 
 // idleLocked reports whether the peer holds no resources and no work.
 func (p *peer) idleLocked() bool {
-	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause != pauseNone || p.dirFetching {
+	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause.active() || p.dirFetching {
 		return false
 	}
 	p.n.dcMu.Lock()
