@@ -98,18 +98,8 @@ func (f *fence) withdraw(o *op) (removed, empty bool) {
 // expire removes the held ops late says are past their deadline and
 // returns them, in order, and whether the fence is now empty.
 func (f *fence) expire(late func(*op) bool) (gone []*op, empty bool) {
-	j := 0
-	for _, o := range f.held {
-		if late(o) {
-			gone = append(gone, o)
-		} else {
-			f.held[j] = o
-			j++
-		}
-	}
-	clear(f.held[j:])
-	f.held = f.held[:j]
-	return gone, j == 0
+	gone = takeOps(&f.held, late)
+	return gone, len(f.held) == 0
 }
 
 // fencedVQPs are a peer's VQPs with held operations.

@@ -94,19 +94,7 @@ func (s *peerPause) end() []*op {
 // expire removes the stalled ops late says are past their deadline and
 // returns them, in order.
 func (s *peerPause) expire(late func(*op) bool) []*op {
-	var out []*op
-	k := 0
-	for _, o := range s.stalled {
-		if late(o) {
-			out = append(out, o)
-		} else {
-			s.stalled[k] = o
-			k++
-		}
-	}
-	clear(s.stalled[k:])
-	s.stalled = s.stalled[:k]
-	return out
+	return takeOps(&s.stalled, late)
 }
 
 // resumeRNR ends an RNR pause: the stalled ops go back in front of the
