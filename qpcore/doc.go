@@ -216,6 +216,8 @@
 //	                       and those held while a switch waits for the old
 //	                       route to drain; fencedVQPs lists a peer's.
 //	liveness  liveness.go  a peer's strikes, silence, down state and probe.
+//	peerPause pause.go     a peer paused for a re-lookup or an RNR backoff,
+//	                       and the failed operations waiting for it.
 //	opState   op.go        an operation: new, held, queued, posted,
 //	                       stalled, done (op.setState checks each edge).
 //
@@ -223,7 +225,8 @@
 // connection's transitions), fence.go (which route a VQP wants, queueing
 // what a fence lets through), liveness.go (deadlines, declaring a peer
 // down), dci.go (DCIs through dct's arbiter), failures.go (what an
-// errored QP's operations become).
+// errored QP's operations become; starting a pause's re-lookup or
+// backoff).
 //
 // A READ, in the order the files read:
 //
@@ -249,7 +252,7 @@
 //	Node.pollMu  serializes send completion processing
 //	Node.mu      the peer table and LRU
 //	peer.mu      everything of one peer: metadata, directory cache, queues,
-//	             its DCI, its rcLink and liveness, and its VQPs' fences
+//	             its DCI, its rcLink, liveness and pause, and its VQPs' fences
 //	Node.dcMu    the DCI arbiter and DCI handovers (peer.grant)
 //	Node.rcMu    the RC pool's accounting (rcConn.lastUsed is atomic)
 //	VQP.mu       a VQP's admission count and completions
