@@ -221,8 +221,9 @@
 //	opState   op.go        an operation: new, held, queued, posted,
 //	                       stalled, done (op.setState checks each edge).
 //
-// The node's side of each: rc.go (the RC pool and the coordination of a
-// connection's transitions), fence.go (which route a VQP wants, queueing
+// rcPool (rcpool.go) keeps the RC QPs' slots under its own lock. The
+// node's side of each: rc.go (reserving, evicting and freeing slots, and
+// the coordination of a connection's transitions), fence.go (which route a VQP wants, queueing
 // what a fence lets through), liveness.go (deadlines, declaring a peer
 // down), dci.go (DCIs through dct's arbiter), failures.go (what an
 // errored QP's operations become; starting a pause's re-lookup or
@@ -254,7 +255,7 @@
 //	peer.mu      everything of one peer: metadata, directory cache, queues,
 //	             its DCI, its rcLink, liveness and pause, and its VQPs' fences
 //	Node.dcMu    the DCI arbiter and DCI handovers (peer.grant)
-//	Node.rcMu    the RC pool's accounting (rcConn.lastUsed is atomic)
+//	rcPool.mu    the RC pool's accounting (rcConn.lastUsed is atomic)
 //	VQP.mu       a VQP's admission count and completions
 //	memCache.mu  registrations
 //

@@ -48,14 +48,7 @@ func (n *Node) onQPError(q verbs.QP) {
 		return
 	}
 	n.stats.qpEvents.Add(1)
-	var c *rcConn
-	n.rcMu.Lock()
-	for _, x := range n.rcConns {
-		if x.qp == q {
-			c = x
-		}
-	}
-	n.rcMu.Unlock()
+	c := n.rcs.find(q)
 	if c == nil {
 		return
 	}

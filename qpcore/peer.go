@@ -25,7 +25,7 @@ type Resolver interface {
 }
 
 // peer is what this node keeps for one remote node. Lock order:
-// Node.mu -> peer.mu -> (Node.dcMu | Node.rcMu | VQP.mu | memCache.mu);
+// Node.mu -> peer.mu -> (Node.dcMu | rcPool.mu | VQP.mu | memCache.mu);
 // never two peers' mu at once.
 type peer struct {
 	n   *Node

@@ -1,10 +1,8 @@
 package qpcore
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/krfs/krfs/clock"
@@ -59,7 +57,7 @@ func (n *Node) connectRC(p *peer) {
 			q.Destroy()
 		}
 		if reserved {
-			n.freeRCSlot()
+			n.rcs.free()
 		}
 	}
 	// The connection, slot wait included, takes at most PeerTimeout.
@@ -103,9 +101,7 @@ func (n *Node) connectRC(p *peer) {
 		return
 	}
 	p.rc.up(c)
-	n.rcMu.Lock()
-	n.rcConns = append(n.rcConns, c)
-	n.rcMu.Unlock()
+	n.rcs.add(c)
 	n.stats.rcConnects.Add(1)
 	n.settleAllLocked(p)
 	n.kickLocked(p, e)
@@ -117,20 +113,10 @@ func (n *Node) connectRC(p *peer) {
 // evicting the least recently used QP idle for at least RCWindow and
 // returns false.
 func (n *Node) reserveRC() bool {
-	n.rcMu.Lock()
-	if n.rcCount < n.cfg.RCCap {
-		n.rcCount++
-		n.rcMu.Unlock()
+	if n.rcs.reserve(n.cfg.RCCap) {
 		return true
 	}
-	cutoff := n.clock.Now().Add(-n.cfg.RCWindow).UnixNano()
-	var victim *rcConn
-	for _, c := range n.rcConns {
-		if t := c.lastUsed.Load(); t < cutoff && (victim == nil || t < victim.lastUsed.Load()) {
-			victim = c
-		}
-	}
-	n.rcMu.Unlock()
+	victim := n.rcs.victim(n.clock.Now().Add(-n.cfg.RCWindow).UnixNano())
 	if victim != nil && n.drainRC(victim) {
 		n.stats.rcEvictions.Add(1)
 	}
@@ -144,22 +130,12 @@ func (n *Node) reserveRC() bool {
 // (ErrRCPoolFull).
 func (n *Node) reserveRCWait(ctx context.Context) error {
 	for {
-		n.rcMu.Lock()
-		if n.rcCount < n.cfg.RCCap {
-			n.rcCount++
-			n.rcMu.Unlock()
+		ok, freed, lru := n.rcs.reserveOrWatch(n.cfg.RCCap)
+		if ok {
 			return nil
 		}
-		freed := n.rcFreed
-		if freed == nil {
-			freed = make(chan struct{})
-			n.rcFreed = freed
-		}
-		conns := slices.Clone(n.rcConns)
-		n.rcMu.Unlock()
-		slices.SortFunc(conns, func(a, b *rcConn) int { return cmp.Compare(a.lastUsed.Load(), b.lastUsed.Load()) })
 		reclaimed := false
-		for _, c := range conns {
+		for _, c := range lru {
 			if n.drainIdleRC(c) {
 				n.stats.rcEvictions.Add(1)
 				reclaimed = true
@@ -181,18 +157,6 @@ func (n *Node) reserveRCWait(ctx context.Context) error {
 		}
 		stop()
 	}
-}
-
-// freeRCSlot returns a slot of the RC pool and wakes the RC-only
-// connections waiting for one.
-func (n *Node) freeRCSlot() {
-	n.rcMu.Lock()
-	n.rcCount--
-	if n.rcFreed != nil {
-		close(n.rcFreed)
-		n.rcFreed = nil
-	}
-	n.rcMu.Unlock()
 }
 
 // drainIdleRC tears c down at once if nothing is queued for it or in
@@ -251,14 +215,8 @@ func (n *Node) drainRCLocked(p *peer, e *effects) {
 // destroyRC destroys c's QP and frees its pool slot.
 func (n *Node) destroyRC(c *rcConn) {
 	c.qp.Destroy()
-	n.rcMu.Lock()
-	i := slices.Index(n.rcConns, c)
-	if i >= 0 {
-		n.rcConns = slices.Delete(n.rcConns, i, i+1)
-	}
-	n.rcMu.Unlock()
-	if i >= 0 {
-		n.freeRCSlot()
+	if n.rcs.remove(c) {
+		n.rcs.free()
 	}
 }
 

@@ -172,9 +172,7 @@ func (n *Node) Stats() Stats {
 	if n.cfg.NoDC {
 		s.DCIsFree = 0
 	}
-	n.rcMu.Lock()
-	s.RCActive = len(n.rcConns)
-	n.rcMu.Unlock()
+	s.RCActive = n.rcs.len()
 	n.passiveMu.Lock()
 	s.RCPassive = len(n.passive)
 	n.passiveMu.Unlock()
