@@ -218,6 +218,8 @@
 //	liveness  liveness.go  a peer's strikes, silence, down state and probe.
 //	peerPause pause.go     a peer paused for a re-lookup or an RNR backoff,
 //	                       and the failed operations waiting for it.
+//	dirCache  dircache.go  a peer's cached region directory, or the meta
+//	                       entry's hint of its default region.
 //	opState   op.go        an operation: new, held, queued, posted,
 //	                       stalled, done (op.setState checks each edge).
 //

@@ -104,7 +104,7 @@ func (n *Node) handleFailuresLocked(p *peer, failed []failure, fromRC bool, e *e
 		c := failed[ci]
 		switch c.why {
 		case verbs.ReasonRKey, verbs.ReasonBounds, verbs.ReasonPerm:
-			n.invalidateDirLocked(p)
+			p.dir.invalidate()
 		}
 		n.stats.remoteErrors.Add(1)
 		n.finishLocked(p, c.o, &RemoteError{Status: c.st, Reason: c.why}, e)

@@ -89,7 +89,7 @@ func (n *Node) postRCOnlyLocked(p *peer, e *effects) {
 func (n *Node) takeBatchLocked(p *peer, q *opQueue, room int, e *effects) []*op {
 	clear(e.batch)
 	batch := e.batch[:0]
-	if p.dirValid {
+	if p.dir.valid {
 		k := min(room, q.len())
 		for i := range k {
 			batch = append(batch, q.at(i))
@@ -105,7 +105,7 @@ func (n *Node) takeBatchLocked(p *peer, q *opQueue, room int, e *effects) []*op 
 			break
 		}
 	}
-	if user && !p.dirFetching {
+	if user && !p.dir.fetching {
 		n.fetchDirLocked(p)
 	}
 	q.filter(func(o *op) bool {
@@ -198,7 +198,7 @@ func (n *Node) postBatchLocked(p *peer, batch []*op, t Transport, e *effects) {
 func (n *Node) buildWRLocked(p *peer, o *op, t Transport) (verbs.SendWR, error) {
 	wr := verbs.SendWR{ID: o.id, Op: o.code.verb(), Flags: verbs.Signaled, RemoteAddr: o.off, RKey: o.rkey}
 	if !o.sys {
-		r, ok := p.dir[o.region]
+		r, ok := p.dir.regions[o.region]
 		if !ok {
 			return wr, fmt.Errorf("%w: %q disappeared", ErrNoRegion, o.region)
 		}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/verbs"
@@ -47,20 +46,7 @@ type peer struct {
 
 	live liveness // what its answers and silences say (liveness.go)
 
-	// Region directory cache. dirHint: dir holds only the default
-	// region, from the meta entry's hint (no directory READ yet);
-	// dirHintOwner: the hint also carries the region's mode and owner
-	// (the entry had them), so it can answer a stat (FreshRegion).
-	dir          map[string]Region
-	dirValid     bool
-	dirHint      bool
-	dirHintOwner bool
-	dirFetching  bool
-	dirWait      chan struct{} // closed when the fetch in progress ends
-	dirErr       error
-	dirAt        time.Time
-	dirTorn      int       // torn READs in a row
-	dirTornSince time.Time // clock time of the first of them
+	dir dirCache // its region directory (dircache.go, peerdir.go)
 
 	// DC endpoint.
 	dci       *dciSlot
@@ -96,15 +82,13 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 	if old.Incarnation != info.Incarnation || old.DirRKey != info.DirRKey || old.DirLen != info.DirLen ||
 		old.MemRKey != info.MemRKey || old.MemLen != info.MemLen || old.MemOwnerKnown != info.MemOwnerKnown ||
 		old.MemMode != info.MemMode || old.MemUID != info.MemUID || old.MemGID != info.MemGID {
-		p.dirValid, p.dirHint = false, false
-		p.dir = nil
-		p.seedHintLocked()
+		p.dir.reset(&p.info, p.n.clock)
 	}
 }
 
 // idleLocked reports whether the peer holds no resources and no work.
 func (p *peer) idleLocked() bool {
-	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause.active() || p.dirFetching {
+	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause.active() || p.dir.fetching {
 		return false
 	}
 	p.n.dcMu.Lock()

@@ -28,7 +28,7 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 		p.mu.Unlock()
 		return nil, err
 	}
-	start, dirAt := n.clock.Now(), p.dirAt
+	start, dirAt := n.clock.Now(), p.dir.at
 	o, err := n.prepareLocked(ctx, p, v, wr, start, true)
 	if err != nil {
 		p.mu.Unlock()
@@ -36,7 +36,7 @@ func (n *Node) post(ctx context.Context, v *VQP, wr *WR) (*op, error) {
 	}
 	e := n.newEffects()
 	e.now = start
-	if !p.dirAt.Equal(dirAt) {
+	if !p.dir.at.Equal(dirAt) {
 		e.now = n.clock.Now() // the pre-check waited for the directory
 	}
 	n.enqueueLocked(p, v, o)

@@ -218,8 +218,8 @@ func (n *Node) Peer(gid uint32) (PeerState, bool) {
 	if p.rc.phase == rcReady {
 		s.Transport = RC
 	}
-	if p.dirValid {
-		s.Regions = len(p.dir)
+	if p.dir.valid {
+		s.Regions = len(p.dir.regions)
 	}
 	return s, true
 }

@@ -153,8 +153,8 @@ func (v *VQP) Regions(ctx context.Context) ([]Region, error) {
 	if err := v.n.ensureDirLocked(ctx, p); err != nil {
 		return nil, err
 	}
-	out := make([]Region, 0, len(p.dir))
-	for _, r := range p.dir {
+	out := make([]Region, 0, len(p.dir.regions))
+	for _, r := range p.dir.regions {
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
