@@ -62,7 +62,7 @@ func (n *Node) onQPError(q verbs.QP) {
 	p := c.p
 	e := n.newEffects()
 	p.mu.Lock()
-	if p.rc == c && !c.errored {
+	if p.rc.conn == c && !c.errored {
 		c.errored = true
 		n.stats.qpErrors.Add(1)
 		if c.out == 0 {

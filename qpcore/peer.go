@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/krfs/krfs/meta"
@@ -49,93 +48,6 @@ func (s pauseState) String() string {
 	return fmt.Sprintf("pauseState(%d)", uint8(s))
 }
 
-// rcPhase is the state of a peer's RC connection.
-//
-//	none --(hot)--> connecting --(handshake done)--> ready --(idle, LRU victim,
-//	  ^                 |                              |     peer changed)--> draining
-//	  +----(failed)-----+                              |                         |
-//	  +--------------------(QP error)------------------+                         |
-//	  +----------------------------(drained, or QP error)------------------------+
-type rcPhase uint8
-
-const (
-	rcNone rcPhase = iota
-	rcConnecting
-	rcReady
-	rcDraining
-)
-
-func (s rcPhase) String() string {
-	switch s {
-	case rcNone:
-		return "none"
-	case rcConnecting:
-		return "connecting"
-	case rcReady:
-		return "ready"
-	case rcDraining:
-		return "draining"
-	}
-	return fmt.Sprintf("rcPhase(%d)", uint8(s))
-}
-
-func rcTransitionOK(from, to rcPhase) bool {
-	switch to {
-	case rcConnecting:
-		return from == rcNone
-	case rcReady:
-		return from == rcConnecting
-	case rcDraining:
-		return from == rcReady
-	case rcNone:
-		return from != rcNone
-	}
-	return false
-}
-
-// dciSlot is one DCI of the pool. While a peer owns it (see dct.Arbiter)
-// its fields are guarded by that peer's mu; a DCI changes owner only when
-// out is 0 and it is not errored.
-type dciSlot struct {
-	idx     int
-	qp      verbs.QP
-	out     int       // WRs posted and not completed
-	errored bool      // an error completion arrived: recovering
-	failed  []failure // error and flushed completions, in completion order
-}
-
-// failure is an operation's error completion.
-type failure struct {
-	o   *op
-	st  verbs.Status
-	why verbs.Reason
-}
-
-// rcConn is an RC QP this node initiated to a peer. Its fields other
-// than lastUsed are guarded by the peer's mu.
-type rcConn struct {
-	p        *peer
-	qp       verbs.QP
-	out      int
-	errored  bool
-	failed   []failure
-	lastUsed atomic.Int64 // unix nanoseconds of the last post
-}
-
-// meter counts operations in a tumbling window.
-type meter struct {
-	start time.Time
-	n     int
-}
-
-func (m *meter) add(now time.Time, window time.Duration, k int) int {
-	if now.Sub(m.start) > window {
-		m.start, m.n = now, 0
-	}
-	m.n += k
-	return m.n
-}
-
 // peer is what this node keeps for one remote node. Lock order:
 // Node.mu -> peer.mu -> (Node.dcMu | Node.rcMu | VQP.mu | memCache.mu);
 // never two peers' mu at once.
@@ -158,11 +70,7 @@ type peer struct {
 	pause     pauseState
 	stalled   []*op // failed ops waiting for the pause to end, in order
 
-	// Liveness (see liveness.go).
-	strikes    int       // consecutive retry-exhausted failures, no answer since
-	silentFrom time.Time // no answer from the peer since then (valid if strikes > 0)
-	down       bool      // declared down on evidence of death
-	probeAt    time.Time // while down: when the next operation may go as a probe
+	live liveness // what its answers and silences say (liveness.go)
 
 	// Region directory cache. dirHint: dir holds only the default
 	// region, from the meta entry's hint (no directory READ yet);
@@ -185,24 +93,14 @@ type peer struct {
 	dciPosted int      // WRs posted on dci in this turn (quota)
 	dcq       opQueue
 
-	// RC connection.
-	rcOnly    bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
-	rcPhase   rcPhase
-	rc        *rcConn
-	rcq       opQueue
-	rcRetryAt time.Time
-	meter     meter
+	// RC connection (rclink.go).
+	rcOnly bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
+	rc     rcLink
+	rcq    opQueue
 
-	held   []*VQP // VQPs with held ops (switching fence)
-	sys    *VQP   // internal VQP: directory reads, messages
-	active int    // ops not done
-}
-
-func (p *peer) setRCLocked(to rcPhase) {
-	if !rcTransitionOK(p.rcPhase, to) {
-		panic(fmt.Sprintf("qpcore: peer %d: RC %v -> %v", p.gid, p.rcPhase, to))
-	}
-	p.rcPhase = to
+	held   fencedVQPs // VQPs with held ops (switching fence)
+	sys    *VQP       // internal VQP: directory reads, messages
+	active int        // ops not done
 }
 
 func (p *peer) queue(t Transport) *opQueue {
@@ -231,7 +129,7 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 
 // idleLocked reports whether the peer holds no resources and no work.
 func (p *peer) idleLocked() bool {
-	if p.active != 0 || p.dci != nil || p.rcPhase != rcNone || p.pause != pauseNone || p.dirFetching {
+	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause != pauseNone || p.dirFetching {
 		return false
 	}
 	p.n.dcMu.Lock()

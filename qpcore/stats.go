@@ -232,9 +232,9 @@ func (n *Node) Peer(gid uint32) (PeerState, bool) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := PeerState{GID: gid, Incarnation: p.info.Incarnation, Addr: p.info.Addr.String(), RC: p.rcPhase.String(),
-		Regions: -1, Active: p.active, Down: p.down}
-	if p.rcPhase == rcReady {
+	s := PeerState{GID: gid, Incarnation: p.info.Incarnation, Addr: p.info.Addr.String(), RC: p.rc.phase.String(),
+		Regions: -1, Active: p.active, Down: p.live.down}
+	if p.rc.phase == rcReady {
 		s.Transport = RC
 	}
 	if p.dirValid {

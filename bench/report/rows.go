@@ -341,6 +341,8 @@ func rowTable() []rowSpec {
 		{"veth_fuse_rate32", "veth_base_floor_rate32", "FUSE 8 B preads, 32 threads", "FUSE floor, 32 threads, same veth", "kops/s", rateOf, target{">=", 0.8}},
 		{"veth_api_bw1m", "veth_base_tcp1m", "Go API 1 MiB READs, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.9}},
 		{"veth_fuse_bw1m", "veth_base_tcp1m_fuse", "FUSE 1 MiB preads, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.6}},
+		{"veth_api_wbw1m", "veth_base_tcp1m_w", "Go API 1 MiB WRITEs, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.9}},
+		{"veth_fuse_wbw1m", "veth_base_tcp1m_w", "FUSE 1 MiB pwrites, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.6}},
 	} {
 		spec := rowSpec{section: veth, what: k.what, unit: k.unit, krfs: fromReport(k.krfs, k.get), baseName: k.baseName, ratio: &k.t}
 		if k.base == "" {
