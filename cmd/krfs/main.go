@@ -35,7 +35,7 @@ import (
 	"github.com/spf13/cobra/doc"
 	"github.com/spf13/pflag"
 
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
 	"github.com/krfs/krfs/internal/units"
 )
 

@@ -2,7 +2,7 @@
 // latency and bandwidth tests through the Go API against a node of a
 // running cluster (a fresh bench node started with package node), or
 // through the file interface of a mounted krfs, each beside a baseline
-// measured in the same run (package internal/baseline).
+// measured in the same run (package bench/baseline).
 //
 // Open a Target for validated Opts, Run the test against it, and Write
 // the Report. Package report turns many runs into the suite's results.
@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 // ErrUsage marks errors in the options: the command prints its usage.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 // A latency target is checked as a ratio against a baseline measured in

@@ -1,6 +1,6 @@
 //go:build linux
 
-// Command krfs-baseline runs the baselines of package internal/baseline
+// Command krfs-baseline runs the baselines of package bench/baseline
 // as separate processes, so that scripts/bench.sh can place each end on
 // the host (network namespace) where krfs's own end runs and compare krfs
 // across a veth with the same veth:
@@ -13,7 +13,7 @@
 //	krfs-baseline prate -path P -t T -d DUR   pread rate of -s bytes with -t threads
 //
 // The measuring subcommands write a `krfs bench --json` report (package
-// internal/bench), so `krfs bench report` reads them like krfs's own runs.
+// bench), so `krfs bench report` reads them like krfs's own runs.
 package main
 
 import (
@@ -26,8 +26,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 func main() {

@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
 	"github.com/krfs/krfs/internal/plot"
 )
 

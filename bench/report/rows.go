@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
 )
 
 // The comparison tables are data: rowTable lists every row in the order
@@ -223,7 +223,7 @@ func rowTable() []rowSpec {
 		rowSpec{section: "connect", what: "VQP connect, cold vs RC from scratch", unit: "p50 us", gate: []measure{warm}, krfs: cold,
 			baseName: "RC QP create + handshake", base: rc, source: "qpcore BenchmarkQPCoreConnect"},
 		rowSpec{section: "connect", what: "VQP connect, cold vs TCP connect + 1 round trip", unit: "p50 us", gate: []measure{warm, goMetric("BenchmarkTCPConnectRoundTrip", "p50-us")},
-			krfs: cold, baseName: "TCP dial+accept+1 RTT", base: goMetric("BenchmarkTCPConnectRoundTrip", "p50-us"), source: "qpcore + internal/baseline benchmarks"},
+			krfs: cold, baseName: "TCP dial+accept+1 RTT", base: goMetric("BenchmarkTCPConnectRoundTrip", "p50-us"), source: "qpcore + bench/baseline benchmarks"},
 		rowSpec{section: "connect", what: "krfs bench connect (API, separate process, real meta): cold", unit: "p50 us", gate: []measure{report("api_connect", tables(2))},
 			krfs: lat("api_connect", 1), baseName: "TCP dial+accept+1 RTT", base: base("api_connect"), source: "krfs bench connect --baseline"},
 		rowSpec{section: "connect", what: "krfs bench connect (API): cold connect + first 8 B READ", unit: "p50 us", gate: []measure{reports("", tables(3), "api_connect")},
@@ -341,6 +341,8 @@ func rowTable() []rowSpec {
 		{"veth_fuse_rate32", "veth_base_floor_rate32", "FUSE 8 B preads, 32 threads", "FUSE floor, 32 threads, same veth", "kops/s", rateOf, target{">=", 0.8}},
 		{"veth_api_bw1m", "veth_base_tcp1m", "Go API 1 MiB READs, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.9}},
 		{"veth_fuse_bw1m", "veth_base_tcp1m_fuse", "FUSE 1 MiB preads, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.6}},
+		{"veth_api_wbw1m", "veth_base_tcp1m_w", "Go API 1 MiB WRITEs, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.9}},
+		{"veth_fuse_wbw1m", "veth_base_tcp1m_w", "FUSE 1 MiB pwrites, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.6}},
 	} {
 		spec := rowSpec{section: veth, what: k.what, unit: k.unit, krfs: fromReport(k.krfs, k.get), baseName: k.baseName, ratio: &k.t}
 		if k.base == "" {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current code")
@@ -91,6 +91,9 @@ func goldenRuns() []goldenRun {
 		"veth_fuse_bw1m":         bwReport("read_bw", 4, 1000, 0),
 		"veth_base_tcp1m":        bwReport("tcp", 4, 2000, 0),
 		"veth_base_tcp1m_fuse":   bwReport("tcp", 4, 2000, 0),
+		"veth_api_wbw1m":         bwReport("write_bw", 4, 1700, 0),
+		"veth_fuse_wbw1m":        bwReport("write_bw", 4, 900, 0),
+		"veth_base_tcp1m_w":      bwReport("tcp", 4, 2000, 0),
 	}
 	sweep := func(test string, base float64) *bench.Report {
 		r := &bench.Report{Test: test, Mode: "api"}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 const sampleGoBench = `goos: linux

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 func TestBenchTables(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 // TestVethRows feeds the report what scripts/bench.sh's veth_rows leaves
