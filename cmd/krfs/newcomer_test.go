@@ -90,3 +90,13 @@ func TestCompletionValues(t *testing.T) {
 		}
 	}
 }
+
+// Rule: krfs meta's registration limits refuse negative values (exit 2).
+func TestMetaLimitFlags(t *testing.T) {
+	for _, flag := range []string{"--max-nodes-per-source=-1", "--register-rate=-1", "--register-burst=0"} {
+		var out, errb bytes.Buffer
+		if code := run([]string{"krfs", "meta", "--listen", "127.0.0.1:9", flag}, &out, &errb); code != 2 || !strings.Contains(errb.String(), strings.Split(flag, "=")[0]) {
+			t.Errorf("krfs meta %s: exit %d, %q", flag, code, errb.String())
+		}
+	}
+}
