@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -129,10 +130,11 @@ func readSmall(fd int, dir, name string) ([]byte, error) {
 // StoreInfo describes a store under the default base.
 type StoreInfo struct {
 	Dir      string
-	Identity Identity // zero if it remembers none
-	HeldBy   string   // the pid of the daemon holding it; "" if free
-	Bytes    int64    // bytes its region files hold
-	Err      error    // why it could not be read (an unsafe directory...)
+	Identity Identity  // zero if it remembers none
+	HeldBy   string    // the pid of the daemon holding it; "" if free
+	Bytes    int64     // bytes its region files hold
+	Saved    time.Time // when its node last recorded its identity (a start)
+	Err      error     // why it could not be read (an unsafe directory...)
 }
 
 // List describes every store under the default base (krfs-*).
@@ -158,6 +160,9 @@ func describe(dir string) StoreInfo {
 	defer unix.Close(fd)
 	if id, err := readIdentity(fd, dir); err == nil {
 		si.Identity = id
+		if st, err := statAt(fd, IdentityFile); err == nil {
+			si.Saved = time.Unix(st.Mtim.Unix())
+		}
 	}
 	si.HeldBy = holder(fd, dir)
 	names, _ := readDirFD(fd)
@@ -190,8 +195,9 @@ func holder(fd int, dir string) string {
 
 // FindIdentity returns the free store under the default base whose node
 // listened at listen (the store a node restarted without --gid had), and
-// what it remembers. ok is false if there is none; with several, the one
-// of the lowest gid.
+// what it remembers. ok is false if there is none; with several (a node
+// that once had to take another gid), the one its node started with
+// last.
 func FindIdentity(listen string) (si StoreInfo, ok bool) {
 	all, err := List()
 	if err != nil {
@@ -201,7 +207,7 @@ func FindIdentity(listen string) (si StoreInfo, ok bool) {
 		if s.Err != nil || s.HeldBy != "" || s.Identity.GID == 0 || s.Identity.Listen != listen {
 			continue
 		}
-		if !ok || s.Identity.GID < si.Identity.GID {
+		if !ok || s.Saved.After(si.Saved) || s.Saved.Equal(si.Saved) && s.Identity.GID < si.Identity.GID {
 			si, ok = s, true
 		}
 	}
