@@ -53,7 +53,7 @@ tmp=$(mktemp -d)
 for s in $SIZES; do
 	for r in $(seq 1 "$REPS"); do
 		# krfs ports
-		in_host 2 $py recv --mount "$M2" --port 100 >"$tmp/recv" &
+		in_host 2 $py recv --mount "$M2" --port 100 ${RECV_FLAGS:-} >"$tmp/recv" &
 		rp=$!
 		wait_ready "$tmp/recv"
 		in_host 1 $py send --mount "$M1" --to 2 --port 100 --reply 99 --size "$s" --via "$VIA" \

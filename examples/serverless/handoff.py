@@ -118,7 +118,7 @@ def with_timeout(seconds):
 
 # ---- krfs -----------------------------------------------------------------
 
-def pull_region(mount, src, name, size, k):
+def pull_region(mount, src, name, size, k, piece, steps):
     """READ an object of size bytes from region name of peer src, with k
     preads in flight (pieces of PIECE bytes, each one FUSE request and one
     READ), straight into page-aligned memory of this process."""
@@ -137,13 +137,14 @@ def pull_region(mount, src, name, size, k):
             if time.monotonic() > end:
                 raise
             time.sleep(0.01)
+    steps["t_open"] = time.time_ns()
     try:
         if os.fstat(fd).st_size < size:
             raise HandoffError("region %s holds %d bytes, the descriptor says %d"
                                % (name, os.fstat(fd).st_size, size))
         obj = mmap.mmap(-1, max(size, 1))
         mv = memoryview(obj)
-        pieces = iter(range(0, size, PIECE))
+        pieces = iter(range(0, size, piece))
         lock = threading.Lock()
         errs = []
 
@@ -154,7 +155,7 @@ def pull_region(mount, src, name, size, k):
                         off = next(pieces, None)
                     if off is None:
                         return
-                    end = min(size, off + PIECE)
+                    end = min(size, off + piece)
                     while off < end:
                         n = os.preadv(fd, [mv[off:end]], off)
                         if n <= 0:
@@ -163,7 +164,7 @@ def pull_region(mount, src, name, size, k):
             except BaseException as e:  # noqa: B902 - handed to the caller
                 errs.append(e)
 
-        threads = [threading.Thread(target=puller) for _ in range(min(k, -(-size // PIECE)) - 1)]
+        threads = [threading.Thread(target=puller) for _ in range(min(k, -(-size // piece)) - 1)]
         for th in threads:
             th.start()
         puller()
@@ -176,7 +177,7 @@ def pull_region(mount, src, name, size, k):
         os.close(fd)
 
 
-def send_region(a, obj, oid, gid):
+def send_region(a, obj, oid, gid, steps):
     """Put obj in a region of this node and send its descriptor; the
     region goes when the consumer's ack came (or the producer gave up)."""
     size = len(obj)
@@ -185,6 +186,7 @@ def send_region(a, obj, oid, gid):
     fd = os.open(rpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, size)
+        steps["t_region"] = time.time_ns()
         # The region's memory is a file of the daemon's store: write the
         # object there (one copy, as a socket's send); without access to
         # the store, write it through the mount.
@@ -197,6 +199,7 @@ def send_region(a, obj, oid, gid):
             off += os.pwrite(wfd, mv[off:], off)
         if wfd != fd:
             os.close(wfd)
+        steps["t_filled"] = time.time_ns()
     finally:
         os.close(fd)
     pfd = os.open(os.path.join(a.mount, "peers", str(a.to), "ports", str(a.port)), os.O_WRONLY)
@@ -241,7 +244,7 @@ def cmd_recv(a):
                     # region; READ it from there.
                     state["t_first"], state["first"] = time.time_ns(), (oid, size, src, reply)
                     name = bytes(mv[HDR.size:n]).decode("ascii", "replace")
-                    obj = pull_region(a.mount, src, name, size, k)
+                    obj = pull_region(a.mount, src, name, size, k, a.piece, state)
                     state["obj"], state["t_done"], state["via"] = obj, time.time_ns(), "region"
                     done.set()
                     return
@@ -300,7 +303,7 @@ def cmd_recv(a):
             with open(a.out, "wb") as f:
                 f.write(obj)
         print(json.dumps({"side": "recv", "mode": "krfs", "via": state["via"], "bytes": size, "chunks": count,
-                          "streams": k,
+                          "streams": k, "t_open": state.get("t_open"),
                           "t_first": state["t_first"], "t_done": t_done, "sha256": digest.hex()}))
     finally:
         done.set()
@@ -344,9 +347,10 @@ def cmd_send(a):
                 errs.append(e)
 
         via = a.via if a.via != "auto" else ("region" if size >= REGION_MIN else "ports")
+        steps = {}  # when each step of a region hand-off ended
         t0 = time.time_ns()
         if via == "region":
-            region = send_region(a, obj, oid, gid)
+            region = send_region(a, obj, oid, gid, steps)
             count = 1
         elif k == 1:
             writer(0)
@@ -372,7 +376,7 @@ def cmd_send(a):
               and HDR.unpack_from(ack)[4] == oid and ack[HDR.size:] == digest)
         print(json.dumps({"side": "send", "mode": "krfs", "via": via, "bytes": size, "chunks": count, "streams": k,
                           "t_start": t0, "t_sent": t_sent, "t_acked": t_acked, "sha256": digest.hex(),
-                          "identical": ok}))
+                          "identical": ok, **steps}))
         if not ok:
             raise HandoffError("the consumer's digest differs: the object was not handed off intact")
     finally:
@@ -459,7 +463,9 @@ def main(argv):
     q.add_argument("--mount", required=True)
     q.add_argument("--port", type=int, required=True)
     q.add_argument("--out", help="write the object here")
-    q.add_argument("--streams", type=int, default=STREAMS, help="ports PORT .. PORT+STREAMS-1 (default %(default)s)")
+    q.add_argument("--streams", type=int, default=STREAMS,
+                   help="ports PORT .. PORT+STREAMS-1; reads in flight from a region (default %(default)s)")
+    q.add_argument("--piece", type=int, default=PIECE, help="bytes per read from a region (default %(default)s)")
     q = sub.add_parser("send", help="krfs producer")
     q.add_argument("--mount", required=True)
     q.add_argument("--to", type=int, required=True, help="the consumer's gid")
