@@ -190,7 +190,7 @@ func testServerless(t *testing.T, c *cluster) {
 			if !strings.Contains(sent, `"identical": true`) || !strings.Contains(got, `"side": "recv"`) {
 				t.Fatalf("send: %s\nrecv: %s", sent, got)
 			}
-			region := tc.via == "region" || tc.via == "auto" && tc.size >= 256<<10
+			region := tc.via == "region" || tc.via == "auto" && tc.size >= 64<<10
 			if region != strings.Contains(got, `"via": "region"`) {
 				t.Fatalf("want via region %v: %s", region, got)
 			}

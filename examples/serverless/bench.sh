@@ -7,7 +7,7 @@
 #
 # Host 1 runs the producer, host 2 the consumer; every run starts two fresh
 # processes (the consumer first, which binds its ports, then the producer).
-# krfs hands objects below 256 KiB over as port messages and larger ones
+# krfs hands objects below 64 KiB over as port messages and larger ones
 # through a region of the producer that the consumer READs (handoff.py
 # --via auto; VIA=ports or VIA=region forces one way for every size).
 # Hand-off = consumer holds the whole object - producer starts sending;

@@ -65,7 +65,7 @@ MAX_MESSAGE = (1 << 20) - 4096  # fs.MaxMessage
 MAX_CHUNK = (1 << 20) - 8192    # payload per message, header included stays below MAX_MESSAGE
 RECV_BUF = 2 << 20
 STREAMS = 4                     # ports per hand-off: chunks in flight at once
-REGION_MIN = 256 << 10          # --via auto: objects from this size go through a region
+REGION_MIN = 64 << 10           # --via auto: objects from this size go through a region
 PIECE = 1 << 20                 # a region read: one FUSE request (fs.MaxIO)
 
 
