@@ -219,7 +219,7 @@ func main() {
 func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout time.Duration, parallel bool, args []string) error {
 	t0 := time.Now()
 	server, err := netip.ParseAddrPort(metaAddr)
-	if err != nil && mode != "files" {
+	if err != nil && mode != "files" && mode != "floor" && mode != "floor-cold" {
 		return fmt.Errorf("-meta %q: want HOST:PORT", metaAddr)
 	}
 	var gids []uint32
