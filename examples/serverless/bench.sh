@@ -19,7 +19,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 top=$(cd "$here/../.." && pwd)
-export KRFS_NS=${KRFS_NS:-ksl$$} KRFS_NET=${KRFS_NET:-10.93.0} KRFS_DIR=${KRFS_DIR:-/run/krfs-sl$$} KRFS_MEM=${KRFS_MEM:-4M}
+# KRFS_DIR holds the daemons' region stores (DIR/shm-hN), which must be a
+# tmpfs as in production: /dev/shm by default (here /run is a disk).
+export KRFS_NS=${KRFS_NS:-ksl$$} KRFS_NET=${KRFS_NET:-10.93.0} KRFS_DIR=${KRFS_DIR:-/dev/shm/krfs-sl$$} KRFS_MEM=${KRFS_MEM:-4M}
 REPS=${REPS:-5}
 VIA=${VIA:-auto}
 SIZES=${SIZES:-"16384 65536 262144 1048576 4194304 16777216 67108864"}
