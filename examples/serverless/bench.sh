@@ -20,7 +20,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 top=$(cd "$here/../.." && pwd)
 # KRFS_DIR holds the daemons' region stores (DIR/shm-hN), which must be a
-# tmpfs as in production: /dev/shm by default (here /run is a disk).
+# tmpfs as in production: /dev/shm by default (/run is not one everywhere).
 export KRFS_NS=${KRFS_NS:-ksl$$} KRFS_NET=${KRFS_NET:-10.93.0} KRFS_DIR=${KRFS_DIR:-/dev/shm/krfs-sl$$} KRFS_MEM=${KRFS_MEM:-4M}
 REPS=${REPS:-5}
 VIA=${VIA:-auto}
