@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 // bootFloor is a bootstrap's floor: its round trips, one after another, in
