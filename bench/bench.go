@@ -77,9 +77,9 @@ type Opts struct {
 	// BaselineEcho on the peer's host, after every cold connect + first
 	// READ.
 	BaselineMetaEcho string
-	Progress      string // auto, on, off
-	Timeout       time.Duration
-	Transport     string // API mode: auto, dc, rc
+	Progress         string // auto, on, off
+	Timeout          time.Duration
+	Transport        string // API mode: auto, dc, rc
 	// NIC says which device API mode opens (--backend, --device,
 	// --device-port, --gid-index and the QoS flags); its Listen is
 	// Opts.Listen.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/krfs/krfs/bench/baseline"
 	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 )
 
 // TestBenchConnectColdPair: connect with an echo for the meta service's
