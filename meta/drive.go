@@ -38,7 +38,6 @@ func (cn *conn) drive(ctx context.Context, o *op, rto time.Duration) (took time.
 	if d.Drive(dctx, o.done, ready) != nil {
 		return 0, false, ctx.Err() == nil && dctx.Err() != nil
 	}
-	cn.cl.st.drivenReads.Add(1)
 	return clk.Now().Sub(t0), true, false
 }
 
