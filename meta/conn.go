@@ -540,7 +540,6 @@ func (cn *conn) finishLocked(o *op) {
 	case o.done <- struct{}{}:
 	default:
 	}
-	cn.wakeDriver()
 }
 
 // read READs n bytes of the table at off into slot's landing area and
@@ -553,16 +552,7 @@ func (cn *conn) read(ctx context.Context, slot int, seq uint32, off uint64, n in
 		cn.kill()
 		return nil, cn.abandon(slot, seq), fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
 	}
-	// Run to completion first (drive.go); the wait then finds it done.
-	adapt := true
-	rto := cn.ackTimeout()
-	if d, done, late := cn.drive(ctx, &cn.ops[slot], rto); done {
-		cn.took(d, true)
-		adapt = false
-	} else if late {
-		cn.late(rto)
-	}
-	abandoned, err := cn.wait(ctx, slot, seq, nil, adapt)
+	abandoned, err := cn.wait(ctx, slot, seq, nil, true)
 	if err != nil {
 		return nil, abandoned, err
 	}
