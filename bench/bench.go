@@ -71,9 +71,15 @@ type Opts struct {
 	// floor of krfs-baseline floor).
 	BaselineEcho  string
 	BaselineFloor string
-	Progress      string // auto, on, off
-	Timeout       time.Duration
-	Transport     string // API mode: auto, dc, rc
+	// BaselineMetaEcho (--baseline-meta-echo), with BaselineEcho, makes
+	// the connect test's baseline the cold pair (baseline.ColdPair): a
+	// round trip to this echo on the meta service's host, then one to
+	// BaselineEcho on the peer's host, after every cold connect + first
+	// READ.
+	BaselineMetaEcho string
+	Progress         string // auto, on, off
+	Timeout          time.Duration
+	Transport        string // API mode: auto, dc, rc
 	// NIC says which device API mode opens (--backend, --device,
 	// --device-port, --gid-index and the QoS flags); its Listen is
 	// Opts.Listen.
@@ -189,8 +195,11 @@ func (o *Opts) Validate() error {
 
 // validateBaseline checks --baseline-echo and --baseline-floor.
 func (o *Opts) validateBaseline() error {
-	if o.BaselineEcho == "" && o.BaselineFloor == "" {
+	if o.BaselineEcho == "" && o.BaselineFloor == "" && o.BaselineMetaEcho == "" {
 		return nil
+	}
+	if o.Test == "connect" || o.BaselineMetaEcho != "" {
+		return o.validateColdPair()
 	}
 	switch {
 	case o.BaselineEcho != "" && o.BaselineFloor != "":
@@ -203,6 +212,29 @@ func (o *Opts) validateBaseline() error {
 	if o.BaselineEcho != "" {
 		if _, err := netip.ParseAddrPort(o.BaselineEcho); err != nil {
 			return fmt.Errorf("%w: --baseline-echo %q: want IP:PORT (%v)", ErrUsage, o.BaselineEcho, err)
+		}
+	}
+	o.Baseline = true
+	return nil
+}
+
+// validateColdPair checks the echoes of connect's cold-pair baseline.
+func (o *Opts) validateColdPair() error {
+	switch {
+	case o.Test != "connect":
+		return fmt.Errorf("%w: --baseline-meta-echo applies to the connect test", ErrUsage)
+	case o.BaselineFloor != "":
+		return fmt.Errorf("%w: connect: --baseline-floor does not apply (--baseline-echo PEER_ECHO --baseline-meta-echo META_ECHO)", ErrUsage)
+	case o.BaselineEcho == "" || o.BaselineMetaEcho == "":
+		return fmt.Errorf("%w: connect: the cold pair needs both --baseline-echo (on the peer's host) and --baseline-meta-echo (on the meta service's host)", ErrUsage)
+	case o.Path != "":
+		return fmt.Errorf("%w: connect: the cold-pair baseline is for API mode (--meta, --gid)", ErrUsage)
+	case o.Duration > 0:
+		return fmt.Errorf("%w: connect: the cold pair alternates with -n iterations; -D is not supported", ErrUsage)
+	}
+	for _, a := range []struct{ flag, v string }{{"--baseline-echo", o.BaselineEcho}, {"--baseline-meta-echo", o.BaselineMetaEcho}} {
+		if _, err := netip.ParseAddrPort(a.v); err != nil {
+			return fmt.Errorf("%w: %s %q: want IP:PORT (%v)", ErrUsage, a.flag, a.v, err)
 		}
 	}
 	o.Baseline = true

@@ -135,6 +135,14 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 				}
 			}
 		default: // connect, meta_lookup
+			pair, err := o.coldPair()
+			if err != nil {
+				return nil, err
+			}
+			if pair != nil {
+				defer pair.Close()
+			}
+			var pairLat baseline.Latencies
 			for _, v := range t.variants(o.Test) {
 				if _, err := t.once(o.Test, v); err != nil { // warm up
 					return nil, fmt.Errorf("%s %s: %w", o.Test, v, err)
@@ -154,11 +162,29 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 						return nil, fmt.Errorf("%s %s: %w", o.Test, v, err)
 					}
 					lat = append(lat, d)
+					if pair != nil && v == "cold+read8" {
+						// The floor's pattern right after, so that
+						// both see the machine in the same state.
+						b, err := pair.Once()
+						if err != nil {
+							return nil, fmt.Errorf("baseline: %w", err)
+						}
+						pairLat = append(pairLat, b)
+					}
 					p.update(frac(k, n, start))
 				}
 				r.AddLat(fmt.Sprintf("%s: %s", o.Test, v), NewLatRow(v, 0, lat))
 			}
-			if o.Baseline && o.Test == "connect" {
+			if len(pairLat) > 0 {
+				b := us(pairLat.Summary().Typical)
+				for _, tb := range r.Tables {
+					if row := tb.Rows[0]; row.Label == "cold+read8" {
+						r.Baselines = append(r.Baselines, BaseRow{Name: "udp meta+peer round trips p50 (" + o.BaselineMetaEcho + ", " + o.BaselineEcho + ") vs cold+read8",
+							Unit: "usec", Krfs: row.TypicalUs, Baseline: b, Ratio: ratio(row.TypicalUs, b)})
+					}
+				}
+			}
+			if o.Baseline && o.Test == "connect" && pair == nil {
 				bl, err := baseline.TCPConnectRoundTrip(min(max(n, 200), 2000))
 				if err != nil {
 					return nil, fmt.Errorf("baseline: %w", err)
@@ -177,6 +203,27 @@ func runBenchTest(o *Opts, t Target, p *Progress) (*Report, error) {
 		p.end()
 	}
 	return r, nil
+}
+
+// coldPair is connect's cold-pair baseline (--baseline-meta-echo), from
+// the bench node's own address; nil without one.
+func (o *Opts) coldPair() (*baseline.ColdPair, error) {
+	if o.BaselineMetaEcho == "" {
+		return nil, nil
+	}
+	meta, err := netip.ParseAddrPort(o.BaselineMetaEcho)
+	if err != nil {
+		return nil, fmt.Errorf("--baseline-meta-echo %q: %w", o.BaselineMetaEcho, err)
+	}
+	peer, err := netip.ParseAddrPort(o.BaselineEcho)
+	if err != nil {
+		return nil, fmt.Errorf("--baseline-echo %q: %w", o.BaselineEcho, err)
+	}
+	h := baseline.Loopback
+	if l, err := netip.ParseAddrPort(o.Listen); err == nil {
+		h = baseline.Host{Addr: l.Addr()}
+	}
+	return h.NewColdPair(meta, peer)
 }
 
 // latBase is a latency test's baseline.

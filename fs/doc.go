@@ -76,6 +76,7 @@
 // carries no owner is stat'ed from its directory as above. The names that
 // cannot change meaning (the root's children; mem, mr, ports and info
 // under a peer) are given to the kernel for an hour (attributes: 1 s).
+// peers/<gid> of a node the meta service lists is given for 10 s.
 //
 // With the meta service unreachable, ls peers shows the last list it
 // gave, and peers this node knows (their metadata is cached) keep

@@ -78,9 +78,19 @@ var (
 // after the last one paid a LOOKUP of peers and one of mem per peer (the
 // latter a Getattr: a meta lookup or directory READ when the peer is not
 // cached). Attributes keep the mount's short timeout: a region's size,
-// mode and owner change. peers/<gid> keeps the short entry timeout too:
-// a gid's node can leave, and the name must then stop resolving.
+// mode and owner change. peers/<gid> of a node the meta service lists
+// gets peerEntryTimeout: a gid's node can leave, and the name must then
+// stop resolving within that time (an open of its files fails at once);
+// one answered from the last known list (meta service unreachable) keeps
+// the mount's.
 const fixedEntryTimeout = time.Hour
+
+// peerEntryTimeout is the entry timeout of a live peers/<gid>. The
+// meta client already answers a lookup from its DCCache (up to its TTL,
+// 30 s by default); 1 s made every RACE bootstrap whose process came
+// more than a second after the last one pay a LOOKUP per memory node
+// (4 of 15 FUSE requests with 4 nodes).
+const peerEntryTimeout = 10 * time.Second
 
 // lookupFixed answers a LOOKUP of one of dir's fixed children (added in
 // OnAdd) as go-fuse would, with the child's attributes, but with an
@@ -238,10 +248,14 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	c, cancel := d.m.ctx(ctx)
 	defer cancel()
-	if _, err := d.m.b.PeerInfo(c, gid); err != nil && !(unavailable(err) && d.lastKnown(gid)) {
+	_, err := d.m.b.PeerInfo(c, gid)
+	if err != nil && !(unavailable(err) && d.lastKnown(gid)) {
 		return nil, errno(err)
 	}
 	out.Mode = syscall.S_IFDIR | 0o755
+	if err == nil {
+		out.SetEntryTimeout(peerEntryTimeout)
+	}
 	// The same inode as long as the kernel holds it: a new one at every
 	// revalidation (an entry times out after 1 s) would change the
 	// dentry's node id, which makes the kernel drop it and look the name

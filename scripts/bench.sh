@@ -77,7 +77,7 @@ CLUSTER_UP=
 BASE_PIDS=
 cleanup() {
 	# Closing their stdin stops the veth baseline servers (krfs-baseline).
-	exec 7>&- 8>&-
+	exec 7>&- 8>&- 9>&-
 	for p in $BASE_PIDS; do
 		for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
 		kill "$p" 2>/dev/null || true
@@ -196,6 +196,18 @@ veth_rows() {
 		return
 	fi
 	udp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$MNT/srv.out")
+	# An echo on the meta service's host too: the cold connect's floor
+	# (one round trip there, then one to host 2's echo).
+	local mudp=
+	mkfifo "$MNT/msrv.in"
+	nsenter --net=/run/netns/kbench-meta "$KBASE" serve -addr "$net.254" <"$MNT/msrv.in" >"$MNT/msrv.out" 2>"$RAW/veth_msrv.err" &
+	BASE_PIDS="$BASE_PIDS $!"
+	exec 9>"$MNT/msrv.in"
+	if waitline "$MNT/msrv.out"; then
+		mudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$MNT/msrv.out")
+	else
+		log "meta host's baseline echo did not start (see $RAW/veth_msrv.err)"
+	fi
 	tcp=$(sed -n 's/.*tcp=\([^ ]*\).*/\1/p' "$MNT/srv.out")
 	mkdir -p "$MNT/floor"
 	$h1 "$KBASE" floor -dir "$MNT/floor" -addr "$net.1" -to "$udp" <"$MNT/floor.in" >"$MNT/floor.out" 2>"$RAW/veth_floor.err" &
@@ -223,6 +235,9 @@ veth_rows() {
 	# mode a pair of threads gets lasts for seconds, so a ratio of medians
 	# needs seconds of each side (see baseline.AlternateWith).
 	KB_PREFIX=$h1 kb veth_api_read_lat8 read_lat -s 8 -n $VLAT_API_N --baseline-echo "$udp" "${capi[@]}"
+	if [[ -n $mudp ]]; then
+		KB_PREFIX=$h1 kb veth_api_connect connect -n $CONN_N --baseline-echo "$udp" --baseline-meta-echo "$mudp" "${capi[@]}"
+	fi
 	if [[ -n $floor ]]; then
 		kb veth_fuse_read_lat8 read_lat -s 8 -n $VLAT_FUSE_N --baseline-floor "$floor" "${cfile[@]}"
 	fi

@@ -84,6 +84,7 @@ func goldenRuns() []goldenRun {
 		"api_bw1m":               bwReport("read_bw", 4, 3000, 0.003, 4000),
 		"fuse_bw1m":              bwReport("read_bw", 4, 2500, 0.002, 4000),
 		"veth_api_read_lat8":     latReport("read_lat", []float64{26}, 20),
+		"veth_api_connect":       latReport("connect", []float64{3, 60, 100}, 80),
 		"veth_fuse_read_lat8":    latReport("read_lat", []float64{75}, 50),
 		"veth_fuse_rate32":       bwReport("read_bw", 32, 0, 0.09),
 		"veth_base_floor_rate32": bwReport("floor", 32, 0, 0.1),

@@ -337,6 +337,7 @@ func rowTable() []rowSpec {
 		t                                target
 	}{
 		{"veth_api_read_lat8", "", "Go API 8 B READ, host 1 -> host 2", "raw UDP ping-pong 8 B, same veth, alternating chunks", "p50 us", latOf(0), target{"<=", 1.3}},
+		{"veth_api_connect", "", "Go API cold connect + first 8 B READ, host 1 -> host 2, meta service on its own host", "raw UDP: one round trip to the meta host, then one to host 2, after each", "p50 us", latOf(2), target{"<=", 1.3}},
 		{"veth_fuse_read_lat8", "", "FUSE 8 B pread on host 1's mount of host 2's mem", "FUSE floor (go-fuse, own process, one UDP RTT per read), same veth, alternating chunks", "p50 us", latOf(0), target{"<=", 1.2}},
 		{"veth_fuse_rate32", "veth_base_floor_rate32", "FUSE 8 B preads, 32 threads", "FUSE floor, 32 threads, same veth", "kops/s", rateOf, target{">=", 0.8}},
 		{"veth_api_bw1m", "veth_base_tcp1m", "Go API 1 MiB READs, 4 outstanding", "TCP request/response 1 MiB, depth 4, same veth", "MiB/s", mibsOf, target{">=", 0.9}},

@@ -50,6 +50,7 @@ func registerBenchFlags(set *pflag.FlagSet, o *bench.Opts, bn *benchNIC) {
 	set.UintVar(&o.Port, "port", 1, "API mode, send_lat: the peer's port (someone must be reading it)")
 	set.BoolVar(&o.Baseline, "baseline", false, "also measure the matching same-run baseline (UDP ping-pong, sendmmsg echo, TCP) and print ratios")
 	set.StringVar(&o.BaselineEcho, "baseline-echo", "", "latency tests: the ping-pong goes to this UDP echo server (IP:PORT, krfs-baseline serve) instead of one on 127.0.0.1; implies --baseline")
+	set.StringVar(&o.BaselineMetaEcho, "baseline-meta-echo", "", "connect: with --baseline-echo (an echo on the peer's host), the baseline is one UDP round trip to this echo on the meta service's host, then one to the peer's, after every cold connect + first READ; implies --baseline")
 	set.StringVar(&o.BaselineFloor, "baseline-floor", "", "latency tests: the baseline is pread of this file (a FUSE floor, krfs-baseline floor) instead of a UDP ping-pong; implies --baseline")
 	set.StringVar(&o.Progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	set.StringVar(&o.Transport, "transport", "auto", "API mode: auto (qpcore's hybrid policy), dc (never switch to RC), rc (make the peer hot first and wait for its RC QP)")

@@ -251,11 +251,26 @@ func (s *Store) Map(name string, size int64, mode os.FileMode, uid, gid int) (*R
 		if err != nil {
 			return nil, fmt.Errorf("shm: map %s: %w", name, err)
 		}
+		// Map every page now, in one call: a page the daemon's NIC first
+		// touches while serving a READ costs a page fault each (about
+		// 10 us on a VM), which made the first READ of a fresh 16 MiB
+		// region 4x slower than the next. The pages are reserved
+		// already (fallocate), so this takes no more memory; a region
+		// above populateMax is left to fault in (its mapping would
+		// delay the daemon's start). An old kernel without
+		// MADV_POPULATE_WRITE (5.14) maps them lazily.
+		if size <= populateMax {
+			_ = unix.Madvise(m, unix.MADV_POPULATE_WRITE)
+		}
 		r.Mem = m
 	}
 	s.regions[name] = r
 	return r, nil
 }
+
+// populateMax is the largest region whose pages are mapped when it is
+// mapped (see Store's mapping of a region).
+const populateMax = 256 << 20
 
 // reserveLocked sets the file's size to size and makes the filesystem
 // allocate every byte of it, so that no page of the mapping can fault. A
