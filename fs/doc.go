@@ -38,6 +38,12 @@
 // the requests before it: exactly the prefix that was transferred; the
 // next call at the following offset returns the error.
 //
+// fsync and fdatasync succeed on every file and directory: a write is
+// complete when write() returns. mmap MAP_SHARED fails with ENODEV (the
+// kernel's answer for a direct_io file; the daemon never sees the call);
+// MAP_PRIVATE is the kernel's to allow, and reads each page from the
+// region when it is first touched.
+//
 // Errors come back as errno: EIO for a remote failure, ETIMEDOUT for an
 // operation that did not complete within Options.Timeout's bound (for an
 // atomic: it was sent and its outcome is unknown; it may have executed,

@@ -15,6 +15,7 @@ import (
 // its end sets the size, removing it unexports it.
 type regionsDir struct {
 	gofs.Inode
+	syncNode
 	m *mount
 }
 
@@ -76,6 +77,7 @@ func fillLocal(a *fuse.Attr, r Region) {
 // localRegionFile is regions/<name>: the region in this node's memory.
 type localRegionFile struct {
 	gofs.Inode
+	syncNode
 	m    *mount
 	name string
 }
@@ -253,6 +255,7 @@ func (f *localRegionFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uin
 // unbinds.
 type portsDir struct {
 	gofs.Inode
+	syncNode
 	m *mount
 }
 
@@ -345,6 +348,7 @@ func (d *portsDir) Unlink(ctx context.Context, name string) syscall.Errno {
 // localPortFile is ports/<port>.
 type localPortFile struct {
 	gofs.Inode
+	syncNode
 	m    *mount
 	num  uint32
 	port Port

@@ -60,6 +60,7 @@ func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc
 // root is the mount's root directory.
 type root struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m *mount
 }
@@ -179,6 +180,7 @@ func freshRegion(ctx context.Context, conn Conn, name string, maxAge time.Durati
 // reachable by name (their metadata is cached below).
 type peersDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m *mount
 
@@ -257,6 +259,7 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // peerDir is peers/<gid>/: mem, mr/, ports/, info.
 type peerDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m   *mount
 	gid uint32
@@ -291,6 +294,7 @@ func (d *peerDir) OnAdd(ctx context.Context) {
 // peerMRDir lists a peer's exported regions.
 type peerMRDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m   *mount
 	gid uint32
@@ -352,6 +356,7 @@ func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 // remoteFile is a peer's region; each open is one virtual QP.
 type remoteFile struct {
 	gofs.Inode
+	syncNode
 	m      *mount
 	gid    uint32
 	region string
@@ -597,6 +602,7 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 // message to that port on the peer.
 type peerPortsDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m   *mount
 	gid uint32
@@ -620,6 +626,7 @@ func (d *peerPortsDir) Lookup(ctx context.Context, name string, out *fuse.EntryO
 
 type peerPortFile struct {
 	gofs.Inode
+	syncNode
 	m    *mount
 	gid  uint32
 	port uint32
@@ -685,6 +692,7 @@ func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byt
 // however long the kernel keeps a cached attribute.
 type textFile struct {
 	gofs.Inode
+	syncNode
 	render func(w *bytes.Buffer) error
 }
 
