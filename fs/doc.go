@@ -29,14 +29,16 @@
 //
 // A read at or past the end returns 0 and a read across it is short. A
 // write across the end writes every byte in range and reports that count;
-// the next write, at the end, fails with EFBIG. A read that fails returns
-// an error, never part of its bytes, so a short read always means the end
-// of the region. A write that fails reports the prefix known to have
-// landed, or the error if none did. The kernel splits a transfer into
-// FUSE requests of at most MaxIO bytes (fewer when the caller's buffer is
-// not page-aligned) and, when a later request fails, returns the bytes of
-// the requests before it: exactly the prefix that was transferred; the
-// next call at the following offset returns the error.
+// the next write, at the end, fails with EFBIG. A FUSE read request that
+// fails returns an error, never part of its bytes. A write that fails
+// reports the prefix known to have landed, or the error if none did. The
+// kernel splits a transfer into FUSE requests of at most MaxIO bytes
+// (fewer when the caller's buffer is not page-aligned) and, when a later
+// request fails, returns the bytes of the requests before it: exactly the
+// prefix that was transferred; the next call at the following offset
+// returns the error. So a short read means the end of the region unless
+// the call spanned more than one request (more than MaxIO bytes, or more
+// than 256 pages of the caller's buffer).
 //
 // fsync and fdatasync succeed on every file and directory: a write is
 // complete when write() returns. mmap MAP_SHARED fails with ENODEV (the
@@ -92,12 +94,17 @@
 //
 // regions/<name> is a file of the region's size. Create makes an empty
 // region, listed at once; O_TRUNC and truncate resize it; a write past
-// the end grows it (a resize registers it again: peers see the new size
-// and rkey), up to Options.MaxRegionSize, beyond which a write or
-// truncate fails with EFBIG. The default region mem keeps its size. The
-// backend refuses a region past its count limit (ENOSPC) or with a bad
-// name (EINVAL: 1-32 characters of [A-Za-z0-9._-]); the refusal is
-// logged through Options.Logf and leaves nothing behind.
+// the end grows it, as do fallocate (mode 0) and O_APPEND (a resize
+// registers it again: peers see the new size and rkey), up to
+// Options.MaxRegionSize, beyond which a write or truncate fails with
+// EFBIG. The default region mem and peers' regions keep their size: a
+// truncation to 0 (O_TRUNC) is ignored, another resize is EPERM, O_APPEND
+// is EINVAL, fallocate past the end EFBIG. fallocate modes other than 0
+// are EOPNOTSUPP; link, symlink, mknod and mkdir in regions/ are EPERM.
+// The backend refuses a region past its count limit (ENOSPC) or with a bad
+// name (EINVAL: 1-32 characters of [A-Za-z0-9._-]); the refusal is logged
+// through Options.Logf and leaves nothing behind (a region created empty
+// by the descriptor whose resize was refused is removed again).
 //
 // # Ports
 //

@@ -29,6 +29,9 @@ type fakeBackend struct {
 	// fault, if set, runs instead of a remote ReadAt or WriteAt (write
 	// tells which) of a peer region; do performs the real transfer.
 	fault func(write bool, p []byte, off int64, do func(p []byte, off int64) (int, error)) (int, error)
+	// refuseAbove, if set, makes Export refuse a size above it with
+	// ENOSPC (a region the store cannot hold).
+	refuseAbove int64
 }
 
 type fakeRegion struct {
@@ -100,6 +103,9 @@ func (f *fakeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rs := f.peers[f.self]
+	if f.refuseAbove > 0 && size > f.refuseAbove {
+		return fs.Region{}, syscall.ENOSPC
+	}
 	if r := rs[name]; r != nil {
 		r.mu.Lock()
 		defer r.mu.Unlock()

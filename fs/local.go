@@ -61,7 +61,7 @@ func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode
 	}
 	fillLocal(&out.Attr, r)
 	n := d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG})
-	return n, &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO, 0
+	return n, &localHandle{writable: openedForWriting(flags), created: true}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (d *regionsDir) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -150,24 +150,51 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 			}
 			return syscall.EPERM
 		}
-		if int64(sz) > f.m.o.MaxRegionSize {
-			return syscall.EFBIG
-		}
-		if _, err := f.m.b.Export(f.name, int64(sz), info.Mode, info.UID, info.GID); err != nil {
-			f.m.logf("regions/%s: resize to %d bytes: %v", f.name, sz, err)
-			return errno(err)
+		if e := f.resize(fh, info, int64(sz), "resize"); e != 0 {
+			return e
 		}
 	}
 	return f.Getattr(ctx, fh, out)
 }
 
 // localHandle is an open regions/<name>: whether it was opened for
-// writing (atomics need that).
-type localHandle struct{ writable bool }
+// writing (atomics need that) and whether its open created the region.
+type localHandle struct {
+	writable bool
+	created  bool // by this descriptor's open (O_CREAT of a new name)
+}
+
+// resize sets the region's size (truncate, a write or fallocate past the
+// end: why), up to Options.MaxRegionSize (EFBIG beyond it). A refused
+// resize of a region that this descriptor created and that is still empty
+// removes the region again (truncate -s 30G regions/new that the node
+// cannot hold leaves nothing behind); any other refused resize keeps the
+// region as it was (the backend's promise).
+func (f *localRegionFile) resize(fh gofs.FileHandle, info Region, size int64, why string) syscall.Errno {
+	err := error(syscall.EFBIG)
+	if size <= f.m.o.MaxRegionSize {
+		_, err = f.m.b.Export(f.name, size, info.Mode, info.UID, info.GID)
+		if err == nil {
+			return 0
+		}
+	}
+	f.m.logf("regions/%s: %s to %d bytes: %v", f.name, why, size, err)
+	if h, ok := fh.(*localHandle); ok && h.created && info.Size == 0 {
+		if uerr := f.m.b.Unexport(f.name); uerr != nil {
+			f.m.logf("regions/%s: removing the region this refused %s created: %v", f.name, why, uerr)
+		} else if _, dir := f.Parent(); dir != nil {
+			f.m.forget(dir, f.name)
+		}
+	}
+	return errno(err)
+}
 
 func (f *localRegionFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if _, e := f.region(); e != 0 {
 		return nil, 0, e
+	}
+	if flags&syscall.O_APPEND != 0 && f.name == "mem" {
+		return nil, 0, syscall.EINVAL // a fixed size: nothing can be appended
 	}
 	return &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
@@ -208,10 +235,8 @@ func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []
 		if off >= f.m.o.MaxRegionSize {
 			return 0, syscall.EFBIG
 		}
-		grown := min(end, f.m.o.MaxRegionSize)
-		if _, err := f.m.b.Export(f.name, grown, info.Mode, info.UID, info.GID); err != nil {
-			f.m.logf("regions/%s: grow to %d bytes: %v", f.name, grown, err)
-			return 0, errno(err)
+		if e := f.resize(fh, info, min(end, f.m.o.MaxRegionSize), "grow"); e != 0 {
+			return 0, e
 		}
 		if r, e = f.region(); e != 0 {
 			return 0, e

@@ -116,3 +116,140 @@ func TestMmapOfPeerFiles(t *testing.T) {
 		file.Close()
 	}
 }
+
+// Errnos as Linux tools expect them in regions/: EPERM for link, symlink,
+// mknod and mkdir; posix_fallocate's fallocate(mode 0) succeeds (grows a
+// region), other modes EOPNOTSUPP; truncate(2) by path resizes;
+// O_APPEND of a fixed-size file is refused at open with EINVAL.
+func TestRegionErrnos(t *testing.T) {
+	f := newFake(1)
+	f.addPeer(2, 4096)
+	dir := mountFakeWith(t, f, fs.Options{Timeout: time.Second, MaxRegionSize: 1 << 20})
+	r := filepath.Join(dir, "regions/r")
+	if err := os.WriteFile(r, []byte("abc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(r, filepath.Join(dir, "regions/l")); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("link in regions/: %v, want EPERM", err)
+	}
+	if err := os.Symlink("r", filepath.Join(dir, "regions/s")); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("symlink in regions/: %v, want EPERM", err)
+	}
+	if err := syscall.Mknod(filepath.Join(dir, "regions/n"), syscall.S_IFIFO|0o644, 0); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("mknod in regions/: %v, want EPERM", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "regions/d"), 0o755); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("mkdir in regions/: %v, want EPERM", err)
+	}
+	// truncate(2), by path.
+	if err := os.Truncate(r, 8192); err != nil {
+		t.Fatalf("truncate regions/r: %v", err)
+	}
+	if st, err := os.Stat(r); err != nil || st.Size() != 8192 {
+		t.Fatalf("after truncate: %v %v", st, err)
+	}
+	// fallocate mode 0 (posix_fallocate) grows the region, within it is a
+	// no-op; KEEP_SIZE, PUNCH_HOLE...: EOPNOTSUPP.
+	file, err := os.OpenFile(r, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	if err := syscall.Fallocate(int(file.Fd()), 0, 0, 4096); err != nil {
+		t.Errorf("fallocate inside regions/r: %v", err)
+	}
+	if err := syscall.Fallocate(int(file.Fd()), 0, 8000, 10000); err != nil {
+		t.Errorf("fallocate growing regions/r: %v", err)
+	}
+	if st, _ := file.Stat(); st.Size() != 18000 {
+		t.Errorf("size after fallocate to 18000: %d", st.Size())
+	}
+	if err := syscall.Fallocate(int(file.Fd()), 0, 0, 2<<20); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("fallocate past the largest region: %v, want EFBIG", err)
+	}
+	const keepSize, punchHole = 1, 2
+	if err := syscall.Fallocate(int(file.Fd()), keepSize|punchHole, 0, 4096); !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Errorf("fallocate PUNCH_HOLE: %v, want EOPNOTSUPP", err)
+	}
+	// Peer files and mem keep their size: fallocate within succeeds, past
+	// the end EFBIG.
+	for _, name := range []string{"peers/2/mem", "regions/mem", "peers/1/mr/r"} {
+		pf, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Fallocate(int(pf.Fd()), 0, 0, 4096); err != nil {
+			t.Errorf("fallocate inside %s: %v", name, err)
+		}
+		if err := syscall.Fallocate(int(pf.Fd()), 0, 0, 1<<30); !errors.Is(err, syscall.EFBIG) {
+			t.Errorf("fallocate past the end of %s: %v, want EFBIG", name, err)
+		}
+		pf.Close()
+		if _, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_APPEND, 0); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("open O_APPEND %s: %v, want EINVAL", name, err)
+		}
+		// A resize of a fixed-size file: EPERM.
+		if err := os.Truncate(filepath.Join(dir, name), 100); !errors.Is(err, syscall.EPERM) {
+			t.Errorf("truncate %s to 100: %v, want EPERM", name, err)
+		}
+	}
+	// O_APPEND of a region that grows appends.
+	af, err := os.OpenFile(r, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatalf("open O_APPEND regions/r: %v", err)
+	}
+	if _, err := af.Write([]byte("tail")); err != nil {
+		t.Errorf("append to regions/r: %v", err)
+	}
+	af.Close()
+	if st, _ := os.Stat(r); st.Size() != 18004 {
+		t.Errorf("size after append: %d, want 18004", st.Size())
+	}
+}
+
+// A refused create or resize leaves nothing behind: truncate -s of a new
+// region to a size the backend refuses removes the region it created.
+func TestRefusedResizeLeavesNothing(t *testing.T) {
+	f := newFake(1)
+	f.refuseAbove = 1 << 20
+	dir := mountFakeWith(t, f, fs.Options{Timeout: time.Second, MaxRegionSize: 1 << 30})
+	for _, tc := range []struct {
+		size int64
+		want syscall.Errno
+	}{{30 << 20, syscall.ENOSPC}, {2 << 30, syscall.EFBIG}} {
+		huge := filepath.Join(dir, "regions/huge")
+		// truncate(1): open(O_CREAT|O_WRONLY), then ftruncate.
+		file, err := os.OpenFile(huge, os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = file.Truncate(tc.size)
+		file.Close()
+		if !errors.Is(err, tc.want) {
+			t.Errorf("truncate -s %d regions/huge: %v, want %v", tc.size, err, tc.want)
+		}
+		if _, err := os.Stat(huge); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after a refused truncate -s %d: regions/huge is still there (%v)", tc.size, err)
+		}
+		ents, _ := os.ReadDir(filepath.Join(dir, "regions"))
+		if len(ents) != 1 {
+			t.Errorf("ls regions after a refused create: %d entries, want 1 (mem)", len(ents))
+		}
+	}
+	// An existing region whose growth is refused keeps its size and data.
+	keep := filepath.Join(dir, "regions/keep")
+	if err := os.WriteFile(keep, []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.OpenFile(keep, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := file.Truncate(30 << 20); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("growing regions/keep: %v, want ENOSPC", err)
+	}
+	file.Close()
+	if b, err := os.ReadFile(keep); err != nil || string(b) != "kept" {
+		t.Errorf("regions/keep after a refused growth: %q %v", b, err)
+	}
+}

@@ -24,6 +24,8 @@ type mount struct {
 	ports map[uint32]Port // bound through ports/
 
 	dl deadlines // the data path's contexts
+
+	notifier notifier // nil: goFuseNotifier
 }
 
 // unmounted releases what the mount holds once no request can come: the
@@ -453,13 +455,16 @@ func (f *remoteFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.S
 			return e
 		}
 		if sz != cur.Size && sz != 0 {
-			return syscall.EINVAL
+			return syscall.EPERM // a peer's region keeps its size
 		}
 	}
 	return f.Getattr(ctx, fh, out)
 }
 
 func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_APPEND != 0 {
+		return nil, 0, syscall.EINVAL // a fixed size: nothing can be appended
+	}
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
 	conn, err := f.m.b.Connect(c, f.gid)
