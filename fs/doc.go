@@ -40,6 +40,12 @@
 // the call spanned more than one request (more than MaxIO bytes, or more
 // than 256 pages of the caller's buffer).
 //
+// Times: a local region's mtime and ctime move on writes, resizes and
+// atomics through the mount, and utimensat sets them; a peer's region
+// shows its last write through this node (utimensat: EPERM); see
+// fileTimes. statfs reports the region store's capacity (a
+// CapacityReporter backend) and the regions' sizes as used.
+//
 // fsync and fdatasync succeed on every file and directory: a write is
 // complete when write() returns. mmap MAP_SHARED fails with ENODEV (the
 // kernel's answer for a direct_io file; the daemon never sees the call);

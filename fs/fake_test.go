@@ -366,3 +366,8 @@ func (p *fakePort) Close() error {
 	p.f.mu.Unlock()
 	return nil
 }
+
+// Capacity: a store of 64 MiB with 60 MiB free, 50 regions.
+func (f *fakeBackend) Capacity() (total, free int64, maxRegions int, err error) {
+	return 64 << 20, 60 << 20, 50, nil
+}

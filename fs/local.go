@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sort"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -42,6 +43,7 @@ func (d *regionsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 		return nil, errno(err)
 	}
 	fillLocal(&out.Attr, r.Info())
+	d.m.times.localTimes(name).fill(&out.Attr)
 	return d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -59,13 +61,20 @@ func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode
 		d.m.logf("regions/%s: create: %v", name, err)
 		return nil, nil, 0, errno(err)
 	}
+	t := d.m.times.localTimes(name)
+	t.written(time.Now())
 	fillLocal(&out.Attr, r)
+	t.fill(&out.Attr)
 	n := d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG})
 	return n, &localHandle{writable: openedForWriting(flags), created: true}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (d *regionsDir) Unlink(ctx context.Context, name string) syscall.Errno {
-	return errno(d.m.b.Unexport(name))
+	if err := d.m.b.Unexport(name); err != nil {
+		return errno(err)
+	}
+	d.m.times.dropLocal(name)
+	return 0
 }
 
 func fillLocal(a *fuse.Attr, r Region) {
@@ -105,6 +114,7 @@ func (f *localRegionFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *
 		return e
 	}
 	fillLocal(&out.Attr, r.Info())
+	f.m.times.localTimes(f.name).fill(&out.Attr)
 	return 0
 }
 
@@ -123,6 +133,7 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 		if err := r.Chmod(mode & 0o7777); err != nil {
 			return errno(err)
 		}
+		f.m.times.localTimes(f.name).changed(time.Now())
 	}
 	uid, uok := in.GetUID()
 	gid, gok := in.GetGID()
@@ -139,6 +150,7 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 		if err := r.Chown(uid, gid); err != nil {
 			return errno(err)
 		}
+		f.m.times.localTimes(f.name).changed(time.Now())
 	}
 	if sz, ok := in.GetSize(); ok && int64(sz) != info.Size {
 		if f.name == "mem" {
@@ -154,6 +166,8 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 			return e
 		}
 	}
+	// utimensat (touch, rsync -t); the kernel checked who may.
+	f.m.times.localTimes(f.name).set(in, time.Now())
 	return f.Getattr(ctx, fh, out)
 }
 
@@ -175,11 +189,13 @@ func (f *localRegionFile) resize(fh gofs.FileHandle, info Region, size int64, wh
 	if size <= f.m.o.MaxRegionSize {
 		_, err = f.m.b.Export(f.name, size, info.Mode, info.UID, info.GID)
 		if err == nil {
+			f.m.times.localTimes(f.name).written(time.Now())
 			return 0
 		}
 	}
 	f.m.logf("regions/%s: %s to %d bytes: %v", f.name, why, size, err)
 	if h, ok := fh.(*localHandle); ok && h.created && info.Size == 0 {
+		f.m.times.dropLocal(f.name)
 		if uerr := f.m.b.Unexport(f.name); uerr != nil {
 			f.m.logf("regions/%s: removing the region this refused %s created: %v", f.name, why, uerr)
 		} else if _, dir := f.Parent(); dir != nil {
@@ -248,6 +264,9 @@ func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []
 		return 0, e
 	}
 	n, err := r.WriteAt(data, off)
+	if n > 0 {
+		f.m.times.localTimes(f.name).written(time.Now())
+	}
 	return writeResult(n, len(data), err)
 }
 
@@ -260,6 +279,7 @@ func (f *localRegionFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uin
 		return 0, e
 	}
 	size := r.Info().Size
+	f.m.times.localTimes(f.name).written(time.Now())
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
 			if off+8 > size {

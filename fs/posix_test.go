@@ -253,3 +253,78 @@ func TestRefusedResizeLeavesNothing(t *testing.T) {
 		t.Errorf("regions/keep after a refused growth: %q %v", b, err)
 	}
 }
+
+// mtime and ctime move on local writes and resizes; utimensat sets them on
+// regions and fails with EPERM on peer files; a peer file's mtime is its
+// last write through this node.
+func TestTimes(t *testing.T) {
+	f := newFake(1)
+	f.addPeer(2, 4096)
+	dir := mountFake(t, f)
+	r := filepath.Join(dir, "regions/r")
+	if err := os.WriteFile(r, []byte("abc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st0, err := os.Stat(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// utimensat: an explicit time (touch -d, rsync -t).
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(r, old, old); err != nil {
+		t.Fatalf("utimensat regions/r: %v", err)
+	}
+	if st, _ := os.Stat(r); !st.ModTime().Equal(old) {
+		t.Fatalf("mtime after utimensat: %v, want %v", st.ModTime(), old)
+	}
+	// A write moves mtime past the time set and past the creation.
+	before := time.Now()
+	if err := os.WriteFile(r, []byte("later"), 0); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(r)
+	if st.ModTime().Before(before.Add(-time.Second)) || !st.ModTime().After(old) || st.ModTime().Before(st0.ModTime()) {
+		t.Fatalf("mtime after a write: %v (created %v, write at %v)", st.ModTime(), st0.ModTime(), before)
+	}
+	// Peer files: utimensat is EPERM; a write through this node is the mtime.
+	pm := filepath.Join(dir, "peers/2/mem")
+	if err := os.Chtimes(pm, old, old); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("utimensat peers/2/mem: %v, want EPERM", err)
+	}
+	mt0, _ := os.Stat(pm)
+	w, err := os.OpenFile(pm, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt([]byte("x"), 10); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if mt1, _ := os.Stat(pm); !mt1.ModTime().After(mt0.ModTime()) {
+		t.Fatalf("peers/2/mem mtime %v after a write, was %v", mt1.ModTime(), mt0.ModTime())
+	}
+}
+
+// statfs reports the region store's capacity and the regions' use, so df
+// shows krfs.
+func TestStatfs(t *testing.T) {
+	f := newFake(1)
+	dir := mountFake(t, f)
+	if err := os.WriteFile(filepath.Join(dir, "regions/r"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{".", "regions/r", "peers", "stats"} {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(filepath.Join(dir, p), &st); err != nil {
+			t.Fatal(err)
+		}
+		used := (st.Blocks - st.Bfree) * uint64(st.Bsize)
+		if st.Blocks*uint64(st.Bsize) != 64<<20 || used != 1<<20+4096 || st.Bavail*uint64(st.Bsize) != 60<<20 || st.Files != 50 || st.Ffree != 48 {
+			t.Errorf("statfs %s: %d blocks of %d, %d used bytes, %d avail blocks, files %d free %d; want 64 MiB, 1 MiB+4 KiB used (mem and r), 60 MiB avail, 50 files, 48 free",
+				p, st.Blocks, st.Bsize, used, st.Bavail, st.Files, st.Ffree)
+		}
+	}
+	if out, err := exec.Command("df", "-B1", dir).CombinedOutput(); err != nil || !strings.Contains(string(out), "67108864") {
+		t.Errorf("df: %q %v", out, err)
+	}
+}

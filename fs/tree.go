@@ -26,6 +26,8 @@ type mount struct {
 	dl deadlines // the data path's contexts
 
 	notifier notifier // nil: goFuseNotifier
+
+	times timesTable // regions' times
 }
 
 // unmounted releases what the mount holds once no request can come: the
@@ -122,8 +124,8 @@ func (r *root) OnAdd(ctx context.Context) {
 	add("peers", &peersDir{m: m}, syscall.S_IFDIR)
 	add("regions", &regionsDir{m: m}, syscall.S_IFDIR)
 	add("ports", &portsDir{m: m}, syscall.S_IFDIR)
-	add("stats", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, false) }}, syscall.S_IFREG)
-	add("stats.json", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
+	add("stats", &textFile{m: m, render: func(w *bytes.Buffer) error { return m.b.Stats(w, false) }}, syscall.S_IFREG)
+	add("stats.json", &textFile{m: m, render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
 }
 
 // How fresh the files under peers/<gid>/ are. A listing of mr/ reads the
@@ -284,7 +286,7 @@ func (d *peerDir) OnAdd(ctx context.Context) {
 	add("mem", &remoteFile{m: d.m, gid: d.gid, region: "mem"}, syscall.S_IFREG)
 	add("mr", &peerMRDir{m: d.m, gid: d.gid}, syscall.S_IFDIR)
 	add("ports", &peerPortsDir{m: d.m, gid: d.gid}, syscall.S_IFDIR)
-	add("info", &textFile{render: func(w *bytes.Buffer) error {
+	add("info", &textFile{m: d.m, render: func(w *bytes.Buffer) error {
 		c, cancel := d.m.ctx(context.Background())
 		defer cancel()
 		s, err := d.m.b.PeerInfo(c, d.gid)
@@ -352,6 +354,7 @@ func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	}
 	f := &remoteFile{m: d.m, gid: d.gid, region: name}
 	f.fill(&out.Attr, r)
+	d.m.times.peerTimes(d.gid, name).fill(&out.Attr)
 	return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -379,6 +382,7 @@ var (
 // change) and whether it was opened for writing (atomics need that).
 type remoteHandle struct {
 	conn     Conn
+	times    *fileTimes // the region's, moved by writes and atomics
 	size     atomic.Int64
 	writable bool
 }
@@ -437,11 +441,14 @@ func (f *remoteFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.
 		h.size.Store(r.Size)
 	}
 	f.fill(&out.Attr, r)
+	f.m.times.peerTimes(f.gid, f.region).fill(&out.Attr)
 	return 0
 }
 
-// Setattr accepts only a size equal to the region's (so O_TRUNC of a shell
-// redirection is harmless) and ignores times.
+// Setattr accepts only a size equal to the region's or 0 (so O_TRUNC of a
+// shell redirection is harmless: ignored, with the times it carries);
+// anything else (a resize, chmod, chown, utimensat) is EPERM: a peer's
+// region is the peer's.
 func (f *remoteFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if _, ok := in.GetMode(); ok {
 		return syscall.EPERM
@@ -449,7 +456,16 @@ func (f *remoteFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.S
 	if _, ok := in.GetUID(); ok {
 		return syscall.EPERM
 	}
-	if sz, ok := in.GetSize(); ok {
+	if _, ok := in.GetGID(); ok {
+		return syscall.EPERM
+	}
+	sz, sizeOK := in.GetSize()
+	_, aok := in.GetATime()
+	_, mok := in.GetMTime()
+	if (aok || mok) && !sizeOK {
+		return syscall.EPERM
+	}
+	if sizeOK {
 		var cur fuse.AttrOut
 		if e := f.Getattr(ctx, fh, &cur); e != 0 {
 			return e
@@ -471,7 +487,7 @@ func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	if err != nil {
 		return nil, 0, errno(err)
 	}
-	h := &remoteHandle{conn: conn, writable: openedForWriting(flags)}
+	h := &remoteHandle{conn: conn, writable: openedForWriting(flags), times: f.m.times.peerTimes(f.gid, f.region)}
 	var err2 error
 	if sc, ok := conn.(sizeConn); ok {
 		var n int64
@@ -570,6 +586,9 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 		}
 		// Sent straight from the FUSE request buffer.
 		n, err := h.conn.WriteAt(c, f.region, clipped, off)
+		if n > 0 {
+			h.times.written(time.Now())
+		}
 		if try > 0 || n > 0 || !staleErr(err) {
 			return writeResult(n, len(clipped), err)
 		}
@@ -588,6 +607,7 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 		return 0, syscall.EBADF
 	}
 	c := f.m.dl.get()
+	h.times.written(time.Now())
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
 			if off+8 > h.size.Load() {
@@ -698,6 +718,7 @@ func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byt
 type textFile struct {
 	gofs.Inode
 	syncNode
+	m      *mount
 	render func(w *bytes.Buffer) error
 }
 

@@ -600,3 +600,18 @@ func (a *portAdapter) TryRecv(ctx context.Context, buf []byte) (int, error) {
 }
 
 func (a *portAdapter) Close() error { return a.p.Close() }
+
+var _ fs.CapacityReporter = (*Node)(nil)
+
+// Capacity reports the region store's filesystem (its size and free
+// bytes: regions are files there) and the region count limit, for statfs.
+func (b *Node) Capacity() (total, free int64, maxRegions int, err error) {
+	if b.store == nil {
+		return 0, 0, 0, nil
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(b.store.Dir(), &st); err != nil {
+		return 0, 0, 0, fmt.Errorf("statfs of the region store %s: %w", b.store.Dir(), err)
+	}
+	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, b.maxRegions, nil
+}
