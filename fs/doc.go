@@ -114,6 +114,12 @@
 //
 // # Ports
 //
+// ports/<port> belongs to the user that bound it, mode 0600 (chmod and
+// chown as on regions); peers/<gid>/ports/<port> has the owner and the
+// write bits of peers/<gid>/mem, so sending follows the rule for writing
+// the peer's memory. stats.json leaves rkeys out for callers other than
+// root.
+//
 // Each port queues a bounded number of messages (the backend's depth); a
 // write to a full port retries until the mount's timeout and then fails
 // with EAGAIN, without holding up other ports; a write to an unbound port

@@ -167,7 +167,7 @@ func (f *fakeBackend) Stats(w io.Writer, json bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if json {
-		_, err := fmt.Fprintf(w, "{\"connects\": %d}\n", f.connect)
+		_, err := fmt.Fprintf(w, "{\"connects\": %d, \"Regions\": [{\"name\": \"mem\", \"rkey\": 4660}]}\n", f.connect)
 		return err
 	}
 	_, err := fmt.Fprintf(w, "connects %d\n", f.connect)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"sync"
 	"syscall"
 	"time"
 
@@ -322,7 +323,28 @@ func (d *portsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 	return gofs.NewListDirStream(ents), 0
 }
 
-func (d *portsDir) port(name string) (Port, uint32, syscall.Errno) {
+// boundPort is a port bound through ports/: the backend's port and the
+// file's owner, mode and times. The binder owns it, 0600: only the binder
+// (and root) reads its messages until chmod or chown says otherwise (the
+// kernel checks, under --default-permissions).
+type boundPort struct {
+	Port
+	times fileTimes
+
+	mu       sync.Mutex // guards mode, uid, gid
+	mode     uint32
+	uid, gid uint32
+}
+
+func (p *boundPort) fill(a *fuse.Attr) {
+	p.mu.Lock()
+	a.Mode = syscall.S_IFREG | p.mode
+	a.Uid, a.Gid = p.uid, p.gid
+	p.mu.Unlock()
+	p.times.fill(a)
+}
+
+func (d *portsDir) port(name string) (*boundPort, uint32, syscall.Errno) {
 	p, ok := parseUint(name)
 	if !ok {
 		return nil, 0, syscall.ENOENT
@@ -340,7 +362,7 @@ func (d *portsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if e != 0 {
 		return nil, e
 	}
-	out.Mode = syscall.S_IFREG | 0o444
+	port.fill(&out.Attr)
 	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -358,9 +380,14 @@ func (d *portsDir) bind(ctx context.Context, name string, out *fuse.EntryOut) (*
 	if err != nil {
 		return nil, errno(err)
 	}
-	d.m.ports[p] = port
-	out.Mode = syscall.S_IFREG | 0o444
-	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+	bp := &boundPort{Port: port, mode: 0o600}
+	if caller, ok := fuse.FromContext(ctx); ok && caller != nil {
+		bp.uid, bp.gid = caller.Uid, caller.Gid
+	}
+	bp.times.written(time.Now())
+	d.m.ports[p] = bp
+	bp.fill(&out.Attr)
+	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: bp}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
 func (d *portsDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
@@ -396,7 +423,7 @@ type localPortFile struct {
 	syncNode
 	m    *mount
 	num  uint32
-	port Port
+	port *boundPort
 }
 
 var (
@@ -406,15 +433,41 @@ var (
 	_ = (gofs.NodeSetattrer)((*localPortFile)(nil))
 )
 
-// Setattr accepts and ignores times and truncation, so that touch and
-// shell redirections work on a port.
+// Setattr: chmod (the owner or root) and chown (root) as on regions;
+// utimensat sets the times; a truncation (a shell redirection) is ignored.
 func (f *localPortFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
-	return 0
+	p := f.port
+	caller, _ := fuse.FromContext(ctx)
+	root := caller == nil || caller.Uid == 0
+	p.mu.Lock()
+	owner := root || caller.Uid == p.uid
+	mode, mok := in.GetMode()
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	switch {
+	case mok && !owner, (uok || gok) && !root:
+		p.mu.Unlock()
+		return syscall.EPERM
+	}
+	if mok {
+		p.mode = mode & 0o7777
+	}
+	if uok {
+		p.uid = uid
+	}
+	if gok {
+		p.gid = gid
+	}
+	p.mu.Unlock()
+	if mok || uok || gok {
+		p.times.changed(time.Now())
+	}
+	p.times.set(in, time.Now())
+	return f.Getattr(ctx, fh, out)
 }
 
 func (f *localPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
+	f.port.fill(&out.Attr)
 	return 0
 }
 

@@ -1,7 +1,10 @@
 package fs
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -96,4 +99,41 @@ func (f *remoteFile) Allocate(ctx context.Context, fh gofs.FileHandle, off uint6
 		return syscall.EFBIG // a peer's region keeps its size
 	}
 	return 0
+}
+
+// redactRKeys removes every "rkey" member (any case) from a JSON document:
+// a region's rkey is the key that lets a peer's NIC at its memory, and
+// stats.json is readable by every local user of the mount.
+func redactRKeys(b []byte) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber() // counters stay exact
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if strings.EqualFold(k, "rkey") {
+					delete(v, k)
+					continue
+				}
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(v)
+	var out bytes.Buffer
+	e := json.NewEncoder(&out)
+	e.SetIndent("", "  ")
+	if err := e.Encode(v); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }

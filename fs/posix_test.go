@@ -328,3 +328,68 @@ func TestStatfs(t *testing.T) {
 		t.Errorf("df: %q %v", out, err)
 	}
 }
+
+// asUser runs a shell command as uid/gid 65534 (nobody) and returns its
+// combined output.
+func asUser(t *testing.T, script string) (string, error) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Ports are owned: the binder owns ports/N, 0600, and chmod/chown are
+// honoured; a peer's port takes the owner and write bits of the peer's
+// default region; stats.json shows rkeys to root only.
+func TestPortsAreOwned(t *testing.T) {
+	f := newFake(1)
+	f.addPeer(2, 4096)
+	f.peers[2]["mem"].info.Mode = 0o644
+	dir := mountFakeWith(t, f, fs.Options{Timeout: time.Second, AllowOther: true, DefaultPermissions: true})
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	port := filepath.Join(dir, "ports/7")
+	if err := os.WriteFile(port, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 || st.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Fatalf("ports/7 bound by root: mode %v uid %d, want 0600 root", st.Mode(), st.Sys().(*syscall.Stat_t).Uid)
+	}
+	if out, err := asUser(t, "cat "+port); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Fatalf("nobody reads root's port: %q %v, want Permission denied", out, err)
+	}
+	if err := os.Chmod(port, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(port, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = os.Stat(port)
+	if st.Mode().Perm() != 0o644 || st.Sys().(*syscall.Stat_t).Uid != 65534 {
+		t.Fatalf("after chmod 644, chown nobody: mode %v uid %d", st.Mode(), st.Sys().(*syscall.Stat_t).Uid)
+	}
+	if out, err := asUser(t, "chmod 600 "+port); err != nil {
+		t.Fatalf("the owner's chmod: %q %v", out, err)
+	}
+	// peers/2/ports/7: peers/2/mem is 0644 root: root sends, nobody does not.
+	pp := filepath.Join(dir, "peers/2/ports/7")
+	if st, err := os.Stat(pp); err != nil || st.Mode().Perm() != 0o200 {
+		t.Fatalf("peers/2/ports/7: %v %v, want mode 0200", st, err)
+	}
+	if out, err := asUser(t, "echo hi > "+pp); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Fatalf("nobody sends to a port of a peer whose mem is 0644: %q %v, want Permission denied", out, err)
+	}
+	// stats.json: root sees the rkeys, nobody does not.
+	if b, err := os.ReadFile(filepath.Join(dir, "stats.json")); err != nil || !strings.Contains(string(b), "rkey") {
+		t.Fatalf("root's stats.json: %q %v, want the rkeys", b, err)
+	}
+	if out, err := asUser(t, "cat "+filepath.Join(dir, "stats.json")); err != nil || strings.Contains(out, "rkey") || !strings.Contains(out, "connects") {
+		t.Fatalf("nobody's stats.json: %q %v, want no rkey", out, err)
+	}
+}

@@ -20,8 +20,8 @@ type mount struct {
 	o  Options
 	io *IOBuffers // registered with b (a BufferRegistrar); nil: none
 
-	mu    sync.Mutex      // guards ports
-	ports map[uint32]Port // bound through ports/
+	mu    sync.Mutex            // guards ports
+	ports map[uint32]*boundPort // bound through ports/
 
 	dl deadlines // the data path's contexts
 
@@ -113,7 +113,7 @@ func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 }
 
 func newRoot(b Backend, o Options) *root {
-	return &root{m: &mount{b: b, o: o, ports: map[uint32]Port{}, dl: deadlines{timeout: o.Timeout, now: time.Now}}}
+	return &root{m: &mount{b: b, o: o, ports: map[uint32]*boundPort{}, dl: deadlines{timeout: o.Timeout, now: time.Now}}}
 }
 
 func (r *root) OnAdd(ctx context.Context) {
@@ -125,7 +125,7 @@ func (r *root) OnAdd(ctx context.Context) {
 	add("regions", &regionsDir{m: m}, syscall.S_IFDIR)
 	add("ports", &portsDir{m: m}, syscall.S_IFDIR)
 	add("stats", &textFile{m: m, render: func(w *bytes.Buffer) error { return m.b.Stats(w, false) }}, syscall.S_IFREG)
-	add("stats.json", &textFile{m: m, render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
+	add("stats.json", &textFile{m: m, redact: true, render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
 }
 
 // How fresh the files under peers/<gid>/ are. A listing of mr/ reads the
@@ -645,8 +645,11 @@ func (d *peerPortsDir) Lookup(ctx context.Context, name string, out *fuse.EntryO
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	out.Mode = syscall.S_IFREG | 0o222
-	return d.NewInode(ctx, &peerPortFile{m: d.m, gid: d.gid, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+	f := &peerPortFile{m: d.m, gid: d.gid, port: port}
+	if e := f.attr(ctx, &out.Attr); e != 0 {
+		return nil, e
+	}
+	return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
 type peerPortFile struct {
@@ -665,14 +668,44 @@ var (
 	_ = (gofs.NodeSetattrer)((*peerPortFile)(nil))
 )
 
-func (f *peerPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o222
+// attr describes a peer's port with the owner and the write bits of the
+// peer's default region: who may write peers/<gid>/mem may send to the
+// peer's ports (the same rule, checked by the kernel under
+// --default-permissions), and nobody reads them from here.
+func (f *peerPortFile) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	conn, err := f.m.b.Connect(c, f.gid)
+	if err != nil {
+		return errno(err)
+	}
+	defer conn.Close()
+	r, err := freshRegion(c, conn, "mem", peerFresh)
+	if err != nil {
+		return errno(err)
+	}
+	a.Mode = syscall.S_IFREG | r.Mode&0o222
+	a.Uid, a.Gid = r.UID, r.GID
 	return 0
 }
 
+func (f *peerPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	return f.attr(ctx, &out.Attr)
+}
+
+// Setattr ignores a truncation (a shell redirection: meaningless and
+// harmless) and refuses the rest (EPERM): the port is the peer's.
 func (f *peerPortFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o222
-	return 0 // truncation by shell redirection is meaningless and harmless
+	_, mok := in.GetMode()
+	_, uok := in.GetUID()
+	_, gok := in.GetGID()
+	_, sok := in.GetSize()
+	_, aok := in.GetATime()
+	_, tok := in.GetMTime()
+	if mok || uok || gok || (aok || tok) && !sok {
+		return syscall.EPERM
+	}
+	return f.attr(ctx, &out.Attr)
 }
 
 func (f *peerPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
@@ -719,6 +752,7 @@ type textFile struct {
 	gofs.Inode
 	syncNode
 	m      *mount
+	redact bool // JSON whose rkeys only root may see (stats.json)
 	render func(w *bytes.Buffer) error
 }
 
@@ -738,22 +772,36 @@ func (f *textFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.At
 	}
 	// A rendering that fails (the peer is gone) leaves the size 0: the
 	// error belongs to open and read, not to stat.
-	var b bytes.Buffer
-	if f.render(&b) == nil {
-		out.Size = uint64(b.Len())
+	if b, err := f.text(ctx); err == nil {
+		out.Size = uint64(len(b))
 	}
 	return 0
+}
+
+// text renders the file for the caller in ctx: without the rkeys of
+// regions unless the caller is root (redactRKeys).
+func (f *textFile) text(ctx context.Context) ([]byte, error) {
+	var b bytes.Buffer
+	if err := f.render(&b); err != nil {
+		return nil, err
+	}
+	if f.redact {
+		if caller, ok := fuse.FromContext(ctx); ok && caller != nil && caller.Uid != 0 {
+			return redactRKeys(b.Bytes())
+		}
+	}
+	return b.Bytes(), nil
 }
 
 func (f *textFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
-	var b bytes.Buffer
-	if err := f.render(&b); err != nil {
+	b, err := f.text(ctx)
+	if err != nil {
 		return nil, 0, errno(err)
 	}
-	return &textHandle{b: b.Bytes()}, fuse.FOPEN_DIRECT_IO, 0
+	return &textHandle{b: b}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (f *textFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
