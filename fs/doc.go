@@ -59,7 +59,9 @@
 // peer declared down on evidence of death (see qpcore's "Timeouts and
 // liveness") or an unreachable meta service, EPROTO for a peer on another
 // transport (softnic and rdma nodes cannot reach each other), ENOENT for
-// an unknown gid, region or port, EACCES for a permission, EINVAL for bad alignment or arguments, EROFS for any change to the
+// an unknown gid, region or port, ESTALE for a peer that changed again
+// while an operation refused by its restart was retried (see "Peers
+// change"), EACCES for a permission, EINVAL for bad alignment or arguments, EROFS for any change to the
 // entries of peers/ (or the root), which mirror the cluster. Every remote
 // operation ends within qpcore's PeerTimeout (krfs's --timeout) plus a
 // housekeeping tick; Options.Timeout, which krfs sets to --timeout + 1 s,
@@ -75,9 +77,10 @@
 // the size from such a copy. An open descriptor follows the region: a
 // read or write at or past the end as last seen reads the directory
 // again (a grown region's new bytes are read; at the new end a read
-// returns 0), and an operation that fails because the region changed (a
-// new rkey, a new size, removed) reads the directory again and is retried
-// once. A removed region is ENOENT; once it is back under the same name,
+// returns 0), and an operation (read, write or atomic) that fails because
+// the region changed (a new rkey, a new size, removed: a peer that
+// restarted) reads the directory again and is retried once, by one rule
+// for every region (retryStale). A removed region is ENOENT; once it is back under the same name,
 // the same descriptor works again.
 //
 // peers/<gid>/mem of a peer just looked up is described by the peer's
@@ -90,6 +93,11 @@
 // carries no owner is stat'ed from its directory as above. The names that
 // cannot change meaning (the root's children; mem, mr, ports and info
 // under a peer) are given to the kernel for an hour (attributes: 1 s).
+//
+// peers/<gid> of a node the meta service no longer has is ENOENT once
+// the kernel's 1 s entry is due and the meta client's cached entry is gone
+// (dropped by a listing that lacks the node, else its TTL), though this
+// node still holds the peer's metadata (Backend.PeerInfo decides).
 //
 // With the meta service unreachable, ls peers shows the last list it
 // gave, and peers this node knows (their metadata is cached) keep
@@ -129,6 +137,11 @@
 // so the write returns without waiting for a reader.
 // poll and select cannot wait for a message: go-fuse v2.12.1 answers
 // FUSE_POLL with ENOSYS, so the kernel reports port files always ready.
+// (A FUSE transport that answers FUSE_POLL would wake pollers through the
+// mount's notifier.) A port is a regular file, not a FIFO: the kernel
+// serves FIFO inodes of a FUSE mount as local pipes. Reads block, so a
+// tool that reads to an end of file first (tail -f without -n +1) waits
+// for ever; a message is consumed only when a read returns it.
 // Tree walkers must skip ports/ (a read waits for, and consumes, a
 // message); ports/ lists only bound ports and peers/<gid>/ports/ lists
 // nothing, so a walk of a node that bound no port meets none.

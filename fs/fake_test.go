@@ -32,6 +32,14 @@ type fakeBackend struct {
 	// refuseAbove, if set, makes Export refuse a size above it with
 	// ENOSPC (a region the store cannot hold).
 	refuseAbove int64
+	// stale, if set, makes that many next operations (read, write,
+	// atomic) on any peer region fail with EIO, as a peer refuses a stale
+	// rkey after a restart; Regions calls counts directory reads.
+	stale    int
+	dirReads int
+	// staleDir makes that many next directory reads fail with EIO (a
+	// peer back from a restart refusing its old directory key).
+	staleDir int
 }
 
 type fakeRegion struct {
@@ -241,6 +249,10 @@ func (c *fakeConn) region(name string) (*fakeRegion, error) {
 	if c.f.down[c.gid] {
 		return nil, syscall.EHOSTDOWN
 	}
+	if c.f.stale > 0 {
+		c.f.stale--
+		return nil, syscall.EIO
+	}
 	r := c.f.peers[c.gid][name]
 	if r == nil {
 		return nil, syscall.ENOENT
@@ -251,6 +263,11 @@ func (c *fakeConn) region(name string) (*fakeRegion, error) {
 func (c *fakeConn) Regions(ctx context.Context) ([]fs.Region, error) {
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
+	c.f.dirReads++
+	if c.f.staleDir > 0 {
+		c.f.staleDir--
+		return nil, syscall.EIO
+	}
 	if c.f.down[c.gid] {
 		return nil, syscall.EHOSTDOWN
 	}

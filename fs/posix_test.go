@@ -393,3 +393,86 @@ func TestPortsAreOwned(t *testing.T) {
 		t.Fatalf("nobody's stats.json: %q %v, want no rkey", out, err)
 	}
 }
+
+// The stale-region rule: a read, a write or an atomic on a peer's region
+// that the peer refuses (a region re-registered after a restart: a new
+// rkey) reads the directory again and is retried once; a second refusal
+// is returned.
+func TestStaleRegionRetriedOnce(t *testing.T) {
+	f := newFake(1)
+	f.addPeer(2, 4096)
+	f.setPeerRegion(2, "r", make([]byte, 4096))
+	dir := mountFake(t, f)
+	file, err := os.OpenFile(filepath.Join(dir, "peers/2/mr/r"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	stale := func(n int) int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.stale = n
+		return f.dirReads
+	}
+	dirReads := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.dirReads
+	}
+	ops := []struct {
+		name string
+		do   func() error
+	}{
+		{"write", func() error { _, err := file.WriteAt([]byte("abcdefgh"), 64); return err }},
+		{"read", func() error { _, err := file.ReadAt(make([]byte, 8), 64); return err }},
+		{"fetch-add", func() error {
+			_, err := ioctlAtomic(file, fs.IoctlFetchAdd, &fs.AtomicArg{Offset: 128, A: 1}, &fs.AtomicArg{})
+			return err
+		}},
+		{"compare-and-swap", func() error {
+			_, err := ioctlAtomic(file, fs.IoctlCompareAndSwap, &fs.AtomicArg{Offset: 136, A: 0, B: 7}, &fs.AtomicArg{})
+			return err
+		}},
+	}
+	for _, op := range ops {
+		before := stale(1)
+		if err := op.do(); err != nil {
+			t.Errorf("%s refused once as stale: %v, want success after one retry", op.name, err)
+		}
+		if got := dirReads() - before; got != 1 {
+			t.Errorf("%s refused once: %d directory reads, want 1", op.name, got)
+		}
+		stale(2)
+		if err := op.do(); !errors.Is(err, syscall.EIO) {
+			t.Errorf("%s refused twice: %v, want EIO (one retry only)", op.name, err)
+		}
+	}
+	stale(0)
+	// Exactly one FETCH_ADD and one CMP_SWAP acted.
+	b := make([]byte, 16)
+	if _, err := file.ReadAt(b, 128); err != nil || b[0] != 1 || b[8] != 7 {
+		t.Fatalf("words after the atomics: %v %v, want 1 and 7", b, err)
+	}
+}
+
+// ls peers/G/mr of a peer back from a restart or an outage: a directory
+// read refused once (its old key) is read again, not an EIO.
+func TestPeerDirectoryRefusedOnceIsReadAgain(t *testing.T) {
+	f := newFake(1)
+	f.addPeer(2, 4096)
+	f.setPeerRegion(2, "r", make([]byte, 100))
+	dir := mountFake(t, f)
+	f.mu.Lock()
+	f.staleDir = 1
+	f.mu.Unlock()
+	ents, err := os.ReadDir(filepath.Join(dir, "peers/2/mr"))
+	if err != nil || len(ents) != 2 {
+		t.Fatalf("ls peers/2/mr after a refused directory read: %v %v, want mem and r", ents, err)
+	}
+	f.mu.Lock()
+	f.staleDir = 1
+	f.mu.Unlock()
+	if st, err := os.Stat(filepath.Join(dir, "peers/2/mr/r")); err != nil || st.Size() != 100 {
+		t.Fatalf("stat peers/2/mr/r after a refused directory read: %v %v", st, err)
+	}
+}

@@ -325,6 +325,12 @@ func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 	var rs []Region
 	err := d.withConn(ctx, func(c context.Context, conn Conn) (err error) {
 		rs, err = freshRegions(c, conn, 0)
+		if staleErr(err) {
+			// The stale-region rule (retryStale), for the directory
+			// itself: a peer back from a restart or an outage refuses
+			// the directory READ of its old incarnation once.
+			rs, err = freshRegions(c, conn, 0)
+		}
 		return err
 	})
 	if err != nil {
@@ -346,6 +352,8 @@ func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		r, err = freshRegion(c, conn, name, peerFresh)
 		if errno(err) == syscall.ENOENT {
 			r, err = freshRegion(c, conn, name, peerMissRefresh)
+		} else if staleErr(err) {
+			r, err = freshRegion(c, conn, name, 0) // as in Readdir
 		}
 		return err
 	})
@@ -395,6 +403,31 @@ func (h *remoteHandle) refresh(ctx context.Context, region string, maxAge time.D
 		return err
 	}
 	h.size.Store(r.Size)
+	return nil
+}
+
+// The stale-region retry rule, the one place that has it: an operation on
+// a peer's region (a read, a write, an atomic) that fails because the
+// region may have changed under the handle (staleErr: the peer restarted
+// or re-registered the region: a new rkey, a new size, removed) reads the
+// peer's directory again (refresh, one re-lookup: qpcore looks the peer
+// itself up again when its keys changed) and runs once more. A second
+// failure is returned as it is. Such a failure means the operation did not
+// act (the peer refused it, or it was never sent), so an atomic is retried
+// by the same rule; an atomic whose outcome is unknown fails with
+// ETIMEDOUT, which is never retried.
+//
+// retryStale runs op(0) and, if it reports a stale failure, refreshes the
+// handle's view of region and runs op(1). It returns the refresh's error,
+// if that failed (op's outcome is then the first failure's).
+func (h *remoteHandle) retryStale(ctx context.Context, region string, op func(try int) (stale bool)) error {
+	if !op(0) {
+		return nil
+	}
+	if err := h.refresh(ctx, region, 0); err != nil {
+		return err
+	}
+	op(1)
 	return nil
 }
 
@@ -533,35 +566,42 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 			return fuse.ReadResultData(nil), 0
 		}
 	}
-	for try := 0; ; try++ {
+	var res fuse.ReadResult
+	var e syscall.Errno
+	rerr := h.retryStale(c, f.region, func(try int) bool {
+		if try > 0 && off >= h.size.Load() {
+			res, e = fuse.ReadResultData(nil), 0 // the region shrank below off
+			return false
+		}
 		n := min(int64(len(dest)), h.size.Load()-off)
 		// The READ response lands in a block of the registered I/O
 		// buffers, which go-fuse replies from; without a free block, in
 		// dest, the buffer go-fuse would reply from.
 		if buf := f.m.io.get(int(n)); buf != nil {
 			got, err := h.conn.ReadAt(c, f.region, buf, off)
-			if try > 0 || !staleErr(err) {
-				if err == nil && got == int(n) {
-					return &poolRead{p: f.m.io, b: buf}, 0
-				}
+			if try == 0 && staleErr(err) {
 				f.m.io.Put(buf)
-				return readResult(dest, got, int(n), err)
+				return true
+			}
+			if err == nil && got == int(n) {
+				res, e = &poolRead{p: f.m.io, b: buf}, 0
+				return false
 			}
 			f.m.io.Put(buf)
-		} else {
-			got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
-			if try > 0 || !staleErr(err) {
-				return readResult(dest, got, int(n), err)
-			}
+			res, e = readResult(dest, got, int(n), err)
+			return false
 		}
-		// The region changed under the handle: look again, retry once.
-		if rerr := h.refresh(c, f.region, 0); rerr != nil {
-			return nil, errno(rerr)
+		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
+		if try == 0 && staleErr(err) {
+			return true
 		}
-		if off >= h.size.Load() {
-			return fuse.ReadResultData(nil), 0
-		}
+		res, e = readResult(dest, got, int(n), err)
+		return false
+	})
+	if rerr != nil {
+		return nil, errno(rerr)
 	}
+	return res, e
 }
 
 func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
@@ -579,24 +619,29 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 			return 0, errno(err)
 		}
 	}
-	for try := 0; ; try++ {
-		clipped, e := clipWrite(data, off, h.size.Load())
-		if e != 0 || len(clipped) == 0 {
-			return 0, e
+	var written uint32
+	var e syscall.Errno
+	rerr := h.retryStale(c, f.region, func(try int) bool {
+		clipped, ce := clipWrite(data, off, h.size.Load())
+		if ce != 0 || len(clipped) == 0 {
+			written, e = 0, ce
+			return false
 		}
 		// Sent straight from the FUSE request buffer.
 		n, err := h.conn.WriteAt(c, f.region, clipped, off)
 		if n > 0 {
 			h.times.written(time.Now())
 		}
-		if try > 0 || n > 0 || !staleErr(err) {
-			return writeResult(n, len(clipped), err)
+		if try == 0 && n == 0 && staleErr(err) {
+			return true
 		}
-		// The region changed under the handle: look again, retry once.
-		if rerr := h.refresh(c, f.region, 0); rerr != nil {
-			return 0, errno(rerr)
-		}
+		written, e = writeResult(n, len(clipped), err)
+		return false
+	})
+	if rerr != nil {
+		return 0, errno(rerr)
 	}
+	return written, e
 }
 
 func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
@@ -608,18 +653,29 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 	}
 	c := f.m.dl.get()
 	h.times.written(time.Now())
+	// atomic runs one under the stale-region rule (retryStale): a failure
+	// other than ETIMEDOUT means it did not act, so running it again after
+	// a re-lookup cannot apply it twice.
+	atomic := func(off int64, do func() (uint64, error)) (old uint64, err error) {
+		rerr := h.retryStale(c, f.region, func(try int) bool {
+			if off+8 > h.size.Load() {
+				old, err = 0, syscall.EINVAL
+				return false
+			}
+			old, err = do()
+			return try == 0 && staleErr(err)
+		})
+		if rerr != nil {
+			return 0, rerr
+		}
+		return old, err
+	}
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
-			if off+8 > h.size.Load() {
-				return 0, syscall.EINVAL
-			}
-			return h.conn.FetchAdd(c, f.region, off, d)
+			return atomic(off, func() (uint64, error) { return h.conn.FetchAdd(c, f.region, off, d) })
 		},
 		func(off int64, cmp, swap uint64) (uint64, error) {
-			if off+8 > h.size.Load() {
-				return 0, syscall.EINVAL
-			}
-			return h.conn.CompareAndSwap(c, f.region, off, cmp, swap)
+			return atomic(off, func() (uint64, error) { return h.conn.CompareAndSwap(c, f.region, off, cmp, swap) })
 		})
 }
 

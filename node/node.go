@@ -103,6 +103,9 @@ type Node struct {
 	// resize replaces.
 	regionMu      sync.RWMutex
 	maxRegions    int
+
+	listedMu sync.Mutex      // guards listed
+	listed   map[uint32]bool // the gids of the last Peers listing
 	maxRegionSize int64
 
 	// ioBufs is the filesystem's pool of I/O buffers, registered with
