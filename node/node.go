@@ -103,10 +103,10 @@ type Node struct {
 	// resize replaces.
 	regionMu      sync.RWMutex
 	maxRegions    int
+	maxRegionSize int64
 
 	listedMu sync.Mutex      // guards listed
 	listed   map[uint32]bool // the gids of the last Peers listing
-	maxRegionSize int64
 
 	// ioBufs is the filesystem's pool of I/O buffers, registered with
 	// core (fs.BufferRegistrar); nil when no mount registered one, or
