@@ -79,6 +79,17 @@ func TestSqliteDatabaseInARegion(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), "ok\n2000") {
 			t.Fatalf("sqlite3 reopen (journal_mode=%s): %q %v", mode, out, err)
 		}
+		// python3's sqlite3 module reads it and writes more.
+		if py, err := exec.LookPath("python3"); err == nil {
+			out, err := exec.Command(py, "-c", `import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("INSERT INTO t(v) VALUES ('py')")
+db.commit()
+print(db.execute("SELECT count(*) FROM t").fetchone()[0])`, db).CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "2001" {
+				t.Fatalf("python3 sqlite3 (journal_mode=%s): %q %v", mode, out, err)
+			}
+		}
 		// No journal region left behind.
 		if _, err := os.Stat(db + "-journal"); !errors.Is(err, os.ErrNotExist) && mode == "delete" {
 			t.Fatalf("journal left behind: %v", err)
