@@ -102,9 +102,15 @@ func (b *Node) Peers(ctx context.Context) ([]uint32, error) {
 // the meta client's cached entry is gone (its TTL, meta.DefaultCacheTTL;
 // at once after a listing that lacks it, see Peers), even though qpcore
 // still holds the peer's metadata. With the meta service unreachable the
-// meta client answers from what it last knew, and qpcore decides.
+// meta client answers from what it last knew, and qpcore decides; the
+// membership check waits at most membershipWait for the meta service, so
+// that peers known here keep resolving without waiting for a meta service
+// that does not answer.
 func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
-	if _, err := b.meta.Lookup(ctx, gid); errors.Is(err, meta.ErrNotFound) {
+	mctx, cancel := context.WithTimeout(ctx, membershipWait)
+	_, err := b.meta.Lookup(mctx, gid)
+	cancel()
+	if errors.Is(err, meta.ErrNotFound) {
 		return "", syscall.ENOENT
 	}
 	var info meta.NodeInfo
@@ -130,6 +136,9 @@ func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
 	}
 	return s, nil
 }
+
+// membershipWait bounds PeerInfo's question to the meta service.
+const membershipWait = 250 * time.Millisecond
 
 func (b *Node) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
 	v, err := b.core.Connect(ctx, gid)
