@@ -66,10 +66,10 @@ const exportAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.Ac
 
 func (b *Node) Self() uint32 { return b.core.GID() }
 
-// Peers lists the live nodes. A node that the previous listing had and
-// this one lacks has left: its cached meta entry is dropped, so that its
-// name stops resolving (PeerInfo) at once rather than when the entry
-// expires.
+// Peers lists the live nodes. A node that the previous listing had, or
+// that PeerInfo described since, and that this listing lacks has left: its
+// cached meta entry is dropped, so that its name stops resolving
+// (PeerInfo) at once rather than when the entry expires.
 func (b *Node) Peers(ctx context.Context) ([]uint32, error) {
 	nodes, err := b.meta.List(ctx)
 	if err != nil {
@@ -130,6 +130,12 @@ func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
 	default:
 		return "", err
 	}
+	b.listedMu.Lock()
+	if b.listed == nil {
+		b.listed = map[uint32]bool{}
+	}
+	b.listed[gid] = true
+	b.listedMu.Unlock()
 	s := fmt.Sprintf("gid %d\naddress %v\nincarnation %#x\ndct %d\n", info.GID, info.Addr, info.Incarnation, info.DCTN)
 	if transport != "" {
 		s += fmt.Sprintf("transport %v\n", transport)
