@@ -115,6 +115,9 @@ type Node struct {
 	maxRegions    int
 	maxRegionSize int64
 
+	listedMu sync.Mutex      // guards listed
+	listed   map[uint32]bool // the gids of the last Peers listing and of PeerInfo since
+
 	// ioBufs is the filesystem's pool of I/O buffers, registered with
 	// core (fs.BufferRegistrar); nil when no mount registered one, or
 	// once it was unregistered (by the mount or by Close, whichever comes
