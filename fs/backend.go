@@ -39,17 +39,6 @@ type Backend interface {
 	Stats(w io.Writer, json bool) error
 }
 
-// BufferRegistrar is implemented by a backend whose transfers are cheaper
-// from memory registered once (qpcore.Node.Register) than from buffers it
-// must register as they come. The filesystem then registers its IOBuffers
-// at mount (and unregisters them at unmount) and passes sub-slices of
-// their Memory to Conn.ReadAt; the backend may also report the pool's
-// Stats.
-type BufferRegistrar interface {
-	RegisterIOBuffers(p *IOBuffers) error
-	UnregisterIOBuffers(p *IOBuffers) error
-}
-
 // Region describes an exported memory region.
 type Region struct {
 	Name   string
@@ -104,14 +93,4 @@ type Port interface {
 	TryRecv(ctx context.Context, p []byte) (int, error)
 	// Close unbinds the port.
 	Close() error
-}
-
-// CapacityReporter is implemented by a backend that knows how much memory
-// its regions may use; statfs (df) reports it. Without it, statfs reports
-// the regions' sizes as both the capacity and the use.
-type CapacityReporter interface {
-	// Capacity: the bytes regions may occupy in all (the region store's
-	// filesystem), the bytes still free there, and the count of regions
-	// the node may hold.
-	Capacity() (total, free int64, maxRegions int, err error)
 }

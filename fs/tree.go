@@ -150,31 +150,15 @@ const (
 	peerMissRefresh = 100 * time.Millisecond
 )
 
-// freshConn is a Conn that can re-read the peer's region directory when
-// its cached copy is older than maxAge (the daemon's is; a Conn without it
-// is asked with Regions).
-type freshConn interface {
-	FreshRegions(ctx context.Context, maxAge time.Duration) ([]Region, error)
-	FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error)
-}
-
-// sizeConn is a Conn that can size a region for an open without reading
-// the peer's directory when it already holds a description of it (the
-// default region, from the peer's meta entry); a stale one is caught by
-// the peer (a new rkey) and the read or write looks again.
-type sizeConn interface {
-	FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error)
-}
-
 func freshRegions(ctx context.Context, conn Conn, maxAge time.Duration) ([]Region, error) {
-	if fc, ok := conn.(freshConn); ok {
+	if fc, ok := conn.(FreshConn); ok {
 		return fc.FreshRegions(ctx, maxAge)
 	}
 	return conn.Regions(ctx)
 }
 
 func freshRegion(ctx context.Context, conn Conn, name string, maxAge time.Duration) (Region, error) {
-	if fc, ok := conn.(freshConn); ok {
+	if fc, ok := conn.(FreshConn); ok {
 		return fc.FreshRegion(ctx, name, maxAge)
 	}
 	rs, err := conn.Regions(ctx)
@@ -536,7 +520,7 @@ func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	}
 	h := &remoteHandle{conn: conn, writable: openedForWriting(flags), times: f.m.times.peerTimes(f.gid, f.region)}
 	var err2 error
-	if sc, ok := conn.(sizeConn); ok {
+	if sc, ok := conn.(SizeConn); ok {
 		var n int64
 		if n, err2 = sc.FreshSize(c, f.region, peerFresh); err2 == nil {
 			h.size.Store(n)

@@ -28,6 +28,8 @@ import (
 var (
 	_ fs.Backend         = (*Node)(nil)
 	_ fs.BufferRegistrar = (*Node)(nil)
+	_ fs.FreshConn       = (*vqpConn)(nil)
+	_ fs.SizeConn        = (*vqpConn)(nil)
 )
 
 // RegisterIOBuffers registers the filesystem's I/O buffers with qpcore

@@ -1,0 +1,64 @@
+package fs
+
+import (
+	"context"
+	"time"
+)
+
+// Optional interfaces.
+//
+// A Backend, and the Conn values its Connect returns, may implement more
+// than Backend and Conn ask for. The filesystem checks for each interface
+// below with a type assertion and falls back to the behaviour described
+// when it is absent, so a small backend (the tests' fake) stays small.
+// Implementers should assert the interfaces they mean to meet, as node
+// does:
+//
+//	var _ fs.FreshConn = (*vqpConn)(nil)
+//
+// so that a renamed method is a compile error rather than a silent
+// fallback.
+//
+//	interface         implemented by   without it
+//	BufferRegistrar   Backend          buffers are registered as they come
+//	CapacityReporter  Backend          statfs reports the regions' sizes only
+//	FreshConn         Conn             the directory is read with Regions every time
+//	SizeConn          Conn             an open reads the peer's directory
+
+// BufferRegistrar is implemented by a backend whose transfers are cheaper
+// from memory registered once (qpcore.Node.Register) than from buffers it
+// must register as they come. The filesystem then registers its IOBuffers
+// at mount (and unregisters them at unmount) and passes sub-slices of
+// their Memory to Conn.ReadAt; the backend may also report the pool's
+// Stats.
+type BufferRegistrar interface {
+	RegisterIOBuffers(p *IOBuffers) error
+	UnregisterIOBuffers(p *IOBuffers) error
+}
+
+// CapacityReporter is implemented by a backend that knows how much memory
+// its regions may use; statfs (df) reports it. Without it, statfs reports
+// the regions' sizes as both the capacity and the use.
+type CapacityReporter interface {
+	// Capacity: the bytes regions may occupy in all (the region store's
+	// filesystem), the bytes still free there, and the count of regions
+	// the node may hold.
+	Capacity() (total, free int64, maxRegions int, err error)
+}
+
+// FreshConn is a Conn that keeps a copy of the peer's region directory
+// and reads it again only when the copy is older than maxAge. Without it
+// the filesystem asks Regions, which reads the directory.
+type FreshConn interface {
+	FreshRegions(ctx context.Context, maxAge time.Duration) ([]Region, error)
+	FreshRegion(ctx context.Context, name string, maxAge time.Duration) (Region, error)
+}
+
+// SizeConn is a Conn that can size a region for an open without reading
+// the peer's directory when it already holds a description of it (the
+// default region, from the peer's meta entry). A stale size is caught by
+// the peer (a new rkey) and the read or write looks again, as the
+// stale-region rule says (retryStale in tree.go).
+type SizeConn interface {
+	FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error)
+}
