@@ -204,3 +204,44 @@ func advance(clk *softnictest.ManualClock, d, step time.Duration, between func()
 }
 
 func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// settle waits until the fabric's network has nothing waiting and the
+// server's loop has not woken for a few polls: what a manual-clock test
+// does before it moves time on, so that time moves only when the system
+// has done what the current instant allows (however slow the machine).
+func settle(f *fabric, srvs ...*Server) {
+	turns := func() uint64 {
+		var n uint64
+		for _, s := range srvs {
+			n += s.turns.Load()
+		}
+		return n
+	}
+	quiet := 0
+	for quiet < 3 {
+		q, n := f.net.QueuedNow(), turns()
+		time.Sleep(200 * time.Microsecond)
+		if q == 0 && f.net.QueuedNow() == 0 && turns() == n {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
+}
+
+// drive advances clk in steps of step, settling before each, until cond
+// holds or limit of clock time has passed; it returns the clock time it
+// took and whether cond held.
+func drive(f *fabric, clk *softnictest.ManualClock, step, limit time.Duration, cond func() bool, srvs ...*Server) (time.Duration, bool) {
+	start := clk.Now()
+	for {
+		settle(f, srvs...)
+		if cond() {
+			return clk.Now().Sub(start), true
+		}
+		if clk.Now().Sub(start) >= limit {
+			return clk.Now().Sub(start), false
+		}
+		clk.Advance(step)
+	}
+}

@@ -222,9 +222,12 @@ type Server struct {
 	mapGen  uint64
 
 	sweeper *clock.Ticker
-	done    chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	// turns counts the loop's wake-ups: a test that drives a manual clock
+	// waits for it to stand still before moving time on.
+	turns atomic.Uint64
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
 
 	st struct {
 		registered, renewed, deregistered, expired atomic.Uint64
@@ -580,6 +583,7 @@ func (s *Server) loop() {
 	defer s.wg.Done()
 	wcs := make([]verbs.WC, 128)
 	for {
+		s.turns.Add(1)
 		for {
 			n := s.cq.Poll(wcs)
 			if n == 0 {
@@ -824,13 +828,14 @@ func (s *Server) writeWR(off uint64, p []byte) verbs.SendWR {
 	return verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Inline, InlineData: p, RemoteAddr: off, RKey: s.tableRW.RKey()}
 }
 
-// queueWrites moves wb to the backlog of write groups.
+// queueWrites moves wb to the backlog of write groups, split into groups
+// of at most writeGroup WRITEs (see splitGroup).
 func (s *Server) queueWrites(wb *writeBatch) {
 	s.closeMap(wb)
 	if len(wb.wrs) == 0 {
 		s.replies = append(s.replies, wb.replies...)
 	} else {
-		s.backlog = append(s.backlog, *wb)
+		s.backlog = append(s.backlog, splitGroup(*wb, writeGroup)...)
 	}
 	*wb = writeBatch{}
 }

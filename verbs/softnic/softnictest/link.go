@@ -26,8 +26,10 @@ type Link struct {
 	started bool
 	closed  bool
 	queue   pktQueue // packets waiting for delivery
-	stats   link.Stats
-	counts  counts
+	// rxStopped holds the queue (StopReceive).
+	rxStopped bool
+	stats     link.Stats
+	counts    counts
 
 	// rxMu serializes deliveries to the link, whatever goroutine makes them
 	// (the link's own, Flush, ManualClock.Advance): a batch is popped and

@@ -523,7 +523,7 @@ func (n *Network) nextDue() (at time.Time, ok bool) {
 		n.settled.Wait()
 	}
 	for _, l := range n.order {
-		if l.started && len(l.queue) > 0 && (!ok || l.queue[0].at.Before(at)) {
+		if l.started && !l.rxStopped && len(l.queue) > 0 && (!ok || l.queue[0].at.Before(at)) {
 			at, ok = l.queue[0].at, true
 		}
 	}
@@ -549,7 +549,7 @@ func (n *Network) deliverDue(now time.Time) int {
 func (n *Network) popBatch(l *Link, now time.Time, batch []*packet) ([]*packet, link.Receiver) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if l.closed || !l.started || len(l.queue) == 0 || l.queue[0].at.After(now) {
+	if l.closed || !l.started || l.rxStopped || len(l.queue) == 0 || l.queue[0].at.After(now) {
 		return batch, nil
 	}
 	first := heap.Pop(&l.queue).(*packet)
