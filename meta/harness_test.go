@@ -245,3 +245,11 @@ func drive(f *fabric, clk *softnictest.ManualClock, step, limit time.Duration, c
 		clk.Advance(step)
 	}
 }
+
+// hostDevice opens a device on the fake network at host i's own address
+// (10.x.y.z:4791), so that the per-source limits of the meta service and
+// the connection manager see many hosts, as a cluster's service does.
+func (f *fabric) hostDevice(i int) *softnic.Device {
+	f.t.Helper()
+	return f.deviceAt(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791))
+}
