@@ -59,7 +59,9 @@ type ClientConfig struct {
 	RPCTimeout, ConnectTimeout, FirstConnectTimeout time.Duration
 	// RetryInterval paces reconnection to a server that is down, and is
 	// how often the client checks whether a connection needs a ping.
-	RetryInterval time.Duration
+	// Consecutive failures double it, up to MaxRetryInterval, with
+	// jitter (reconnect.go).
+	RetryInterval, MaxRetryInterval time.Duration
 	// QPTimeout and QPRetryCnt tune the RC QPs; a dead server is noticed
 	// after about QPTimeout*(QPRetryCnt+1) on a READ. Zero QPTimeout is
 	// RPCTimeout/(QPRetryCnt+1), zero QPRetryCnt DefaultQPRetryCnt: a
@@ -75,8 +77,9 @@ type ClientConfig struct {
 	// without an answer (k doublings; 5.9 s with the defaults) instead of
 	// QPTimeout*(QPRetryCnt+1).
 	MaxQPTimeout time.Duration
-	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
-	// nil is the system clock.
+	// Clock paces reconnects and keepalive pings, and Agents' heartbeats,
+	// and times RPCs and connection attempts; nil is the device's clock
+	// (softnic's: the clock of its ACK timeouts), or the system clock.
 	Clock clock.Clock
 }
 
@@ -110,6 +113,9 @@ func (c *ClientConfig) fill() error {
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
+	}
+	if c.MaxRetryInterval == 0 {
+		c.MaxRetryInterval = max(DefaultMaxRetryInterval, c.RetryInterval)
 	}
 	if c.QPRetryCnt == 0 {
 		c.QPRetryCnt = DefaultQPRetryCnt
@@ -154,6 +160,10 @@ type ClientStats struct {
 	// Uncached counts entries read while the DCCache was still being
 	// built (a new client's first ~2 ms), which it therefore lacks.
 	Uncached uint64
+	// Busy counts answers of a busy meta service (a rejected connection
+	// request, a registration answered busy) that the client backed off
+	// from.
+	Busy uint64
 }
 
 // Client reads the node table of one or more meta servers and caches
@@ -197,7 +207,7 @@ type Client struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
 		lastKnown, rebuilds, mapRetries          atomic.Uint64
-		backoffs, uncached                       atomic.Uint64
+		backoffs, uncached, busy                 atomic.Uint64
 	}
 }
 
@@ -212,6 +222,10 @@ type server struct {
 	gens    uint64     // connections made so far
 	lastTry time.Time  // clock time of the last attempt
 	lastErr error
+	// fails counts consecutive failed attempts; retryAt is when the next
+	// may start (reconnect.go).
+	fails   int
+	retryAt time.Time
 	// handshake is how long the last connection that succeeded took to
 	// make (client clock): what the server could do then.
 	handshake time.Duration
@@ -221,6 +235,9 @@ type server struct {
 // connects to each; it fails only if none answers (ErrUnreachable). It
 // keeps trying the others in the background.
 func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = deviceClock(dev)
+	}
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
@@ -252,21 +269,25 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	// after ConnectTimeout and starting another would only add work to
 	// what the server has queued. It still ends after FirstConnectTimeout,
 	// so that a caller that retries (node.Start) reports a service that
-	// is down; a ctx without a deadline gets ConnectTimeout.
-	actx, acancel := context.WithCancel(c.ctx)
-	if dl, ok := ctx.Deadline(); ok {
-		if end := time.Now().Add(cfg.FirstConnectTimeout); end.Before(dl) {
-			dl = end
-		}
-		actx, acancel = context.WithDeadline(c.ctx, dl)
+	// is down; a ctx without a deadline gets ConnectTimeout. Both are on
+	// the client's clock. A busy server is tried again after a backoff
+	// within that time (reconnect.go).
+	limit := cfg.ConnectTimeout
+	if _, ok := ctx.Deadline(); ok {
+		limit = cfg.FirstConnectTimeout
 	}
+	actx, acancel := clock.WithTimeout(c.ctx, c.clock, limit)
 	context.AfterFunc(ctx, acancel)
 	results := make(chan error, len(c.servers))
 	for _, s := range c.servers {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			cn, err := c.connect(actx, s, true)
+			var cn *conn
+			err := c.whileBusy(actx, func() (err error) {
+				cn, err = c.connect(actx, s, true)
+				return err
+			})
 			if err == nil {
 				cn.unref()
 			}
@@ -422,10 +443,10 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		return nil, ErrClosed
 	}
 	s.mu.Lock()
-	if s.lastErr != nil && c.clock.Now().Sub(s.lastTry) < c.cfg.RetryInterval {
+	if s.lastErr != nil && c.clock.Now().Before(s.retryAt) && !budget {
 		// It failed a moment ago: fail at once (maintain tries again
-		// every RetryInterval) rather than make every caller wait for a
-		// connect timeout of its own.
+		// after the backoff, reconnect.go) rather than make every caller
+		// wait for a connect timeout of its own.
 		err := s.lastErr
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
@@ -438,10 +459,10 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 	limit := c.reconnectTimeout(s.handshake)
 	s.mu.Unlock()
 	var cancel context.CancelFunc
-	if _, ok := ctx.Deadline(); budget && ok {
-		ctx, cancel = context.WithCancel(ctx)
+	if budget {
+		ctx, cancel = context.WithCancel(ctx) // the caller's budget bounds it
 	} else {
-		ctx, cancel = context.WithTimeout(ctx, limit)
+		ctx, cancel = clock.WithTimeout(ctx, c.clock, limit)
 	}
 	defer cancel()
 	cn, err := c.dial(ctx, s.addr, gen)
@@ -451,6 +472,11 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		// An attempt may have lasted the caller's budget: "a moment
 		// ago" counts from its end.
 		s.lastErr, s.lastTry = err, c.clock.Now()
+		s.fails++
+		s.retryAt = s.lastTry.Add(c.retryDelay(s.fails))
+		if isBusy(err) {
+			err = fmt.Errorf("%w: %w", ErrBusy, err)
+		}
 		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 		}
@@ -463,7 +489,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		return nil, ErrClosed
 	}
 	old := s.cur
-	s.cur, s.gens, s.lastErr = cn, gen, nil
+	s.cur, s.gens, s.lastErr, s.fails = cn, gen, nil, 0
 	s.handshake = c.clock.Now().Sub(start)
 	c.st.connects.Add(1)
 	cn.ref() // the caller's; the record keeps the dial's
@@ -498,7 +524,7 @@ func (c *Client) maintain() {
 			cn := s.live()
 			if cn == nil {
 				s.mu.Lock()
-				due := now.Sub(s.lastTry) >= c.cfg.RetryInterval
+				due := !now.Before(s.retryAt)
 				s.mu.Unlock()
 				if due {
 					if cn, err := c.connect(ctx, s, false); err == nil {
@@ -973,6 +999,7 @@ func (c *Client) Stats() ClientStats {
 		MapRetries:   c.st.mapRetries.Load(),
 		Backoffs:     c.st.backoffs.Load(),
 		Uncached:     c.st.uncached.Load(),
+		Busy:         c.st.busy.Load(),
 	}
 }
 

@@ -368,8 +368,11 @@ func (cn *conn) deadErr() error {
 //
 // A READ (adapt) is timed from its post on the client's clock: one that
 // completes gives the ACK timeout a sample, one that waits past the ACK
-// timeout makes it back off (see ackTimeout). An RPC does neither: its
-// reply may wait for the server's table WRITEs, after the NIC's ACK.
+// timeout makes it back off (see ackTimeout). An RPC backs off the same
+// way - its SEND is resent every ACK timeout until the server's NIC
+// acknowledges it, and a slow server must not get a copy every 125 ms -
+// but gives no sample: its reply may wait for the server's table WRITEs,
+// after the NIC's ACK.
 func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan struct{}, adapt bool) (abandoned bool, err error) {
 	o := &cn.ops[slot]
 	clk := cn.cl.clock
@@ -377,7 +380,10 @@ func (cn *conn) wait(ctx context.Context, slot int, seq uint32, timeout <-chan s
 	var rto time.Duration
 	var ackC <-chan struct{}
 	stopAck := func() bool { return false }
-	if adapt {
+	cn.pollMu.Lock()
+	rpc := o.kind == opRPC
+	cn.pollMu.Unlock()
+	if adapt || rpc {
 		t0, rto = clk.Now(), cn.ackTimeout()
 		ackC, stopAck = clock.After(clk, rto)
 	}

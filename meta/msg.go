@@ -96,6 +96,7 @@ const (
 	stNotRegistered
 	stNotFound
 	stFull
+	stBusy      // the service sheds load: retry after a backoff (admit.go)
 	stNumStatus // first invalid value
 )
 
@@ -114,6 +115,8 @@ func (s status) err() error {
 		return ErrNotFound
 	case stFull:
 		return ErrTableFull
+	case stBusy:
+		return ErrBusy
 	}
 	return fmt.Errorf("meta: reply status %d", uint8(s))
 }

@@ -82,6 +82,14 @@ type ServerConfig struct {
 	HalfOpenTimeout time.Duration
 	// RecvDepth is the number of receive buffers shared by all clients.
 	RecvDepth int
+	// MaxHalfOpen bounds the connections accepted whose client has not
+	// sent a message yet; more connection requests are rejected as busy
+	// and the clients back off (admit.go). Zero means DefaultMaxHalfOpen.
+	MaxHalfOpen int
+	// MaxPendingWrites bounds the table WRITEs waiting to be executed:
+	// past it, registrations are answered busy (ErrBusy) and the agents
+	// back off. Zero means DefaultMaxPendingWrites.
+	MaxPendingWrites int
 	// NoDC creates no DCT (a device without the DC transport, such as an
 	// RNIC other than mlx5): the bootstrap then carries DCT number 0, and
 	// clients READ the table only over their RC connection.
@@ -131,6 +139,12 @@ func (c *ServerConfig) fill() error {
 	if c.RecvDepth == 0 {
 		c.RecvDepth = DefaultRecvDepth
 	}
+	if c.MaxHalfOpen == 0 {
+		c.MaxHalfOpen = DefaultMaxHalfOpen
+	}
+	if c.MaxPendingWrites == 0 {
+		c.MaxPendingWrites = DefaultMaxPendingWrites
+	}
 	if c.Clock == nil {
 		c.Clock = clock.System{}
 	}
@@ -139,7 +153,8 @@ func (c *ServerConfig) fill() error {
 		return fmt.Errorf("meta: leases: want 0 < MinLease <= Lease <= MaxLease")
 	case c.MaxLease > time.Duration(1<<31)*time.Millisecond:
 		return fmt.Errorf("meta: MaxLease %v too long", c.MaxLease)
-	case c.SweepInterval < 0 || c.IdleTimeout < 0 || c.MaxConns < 0 || c.MaxConnsPerSource < 0 || c.HalfOpenTimeout < 0:
+	case c.SweepInterval < 0 || c.IdleTimeout < 0 || c.MaxConns < 0 || c.MaxConnsPerSource < 0 || c.HalfOpenTimeout < 0 ||
+		c.MaxHalfOpen < 0 || c.MaxPendingWrites < 0:
 		return fmt.Errorf("meta: negative interval or limit")
 	case c.RecvDepth < 1 || c.RecvDepth > 1<<16:
 		return fmt.Errorf("meta: RecvDepth %d: want 1..65536", c.RecvDepth)
@@ -166,6 +181,14 @@ type ServerStats struct {
 	Accepted       uint64 // connections accepted
 	Rejected       uint64 // connection requests refused
 	Reaped         uint64 // connections reclaimed (idle, in error, or bye)
+	// Busy counts load shed: connection requests rejected and
+	// registrations answered busy (admit.go).
+	Busy uint64
+	// HalfOpen and PendingWrites are the admission bounds' gauges now
+	// (connections not heard from yet; table WRITEs waiting or in
+	// flight), PeakHalfOpen and PeakPendingWrites their highest values.
+	HalfOpen, PendingWrites         int
+	PeakHalfOpen, PeakPendingWrites uint64
 }
 
 // Server is a meta server on a verbs device. See the package doc.
@@ -199,7 +222,9 @@ type Server struct {
 	connMu sync.Mutex
 	conns  map[uint32]*srvConn // by local QPN
 	perSrc map[netip.Addr]int  // connections per source IP
-	closed bool
+	// halfOpen counts the conns not heard from yet (admit.go).
+	halfOpen int
+	closed   bool
 
 	// regMu guards reg. The loop holds it while it handles a batch of
 	// completions; Nodes takes it to list.
@@ -234,6 +259,8 @@ type Server struct {
 		refused, full, lookups, malformed          atomic.Uint64
 		tableWrites, droppedReplies, loopRepairs   atomic.Uint64
 		accepted, rejected, reaped                 atomic.Uint64
+		busy, peakPending, peakHalfOpen            atomic.Uint64
+		pending                                    atomic.Int64
 	}
 }
 
@@ -455,6 +482,10 @@ func (s *Server) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
 		s.st.rejected.Add(1)
 		return nil, nil, fmt.Errorf("meta: %d connections, the limit", len(s.conns))
 	}
+	if err := s.admitConnLocked(); err != nil {
+		s.st.rejected.Add(1)
+		return nil, nil, err
+	}
 	if s.perSrc[req.RemoteAddr.Addr()] >= s.cfg.MaxConnsPerSource {
 		s.st.rejected.Add(1)
 		return nil, nil, fmt.Errorf("meta: %d connections from %v, the limit per source", s.cfg.MaxConnsPerSource, req.RemoteAddr.Addr())
@@ -485,6 +516,9 @@ func (s *Server) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
 		s.perSrc = make(map[netip.Addr]int)
 	}
 	s.perSrc[req.RemoteAddr.Addr()]++
+	if s.halfOpen++; uint64(s.halfOpen) > s.st.peakHalfOpen.Load() {
+		s.st.peakHalfOpen.Store(uint64(s.halfOpen))
+	}
 	s.st.accepted.Add(1)
 	return qp, s.bootP, nil
 }
@@ -508,26 +542,31 @@ func (s *Server) Stats() ServerStats {
 	nodes, moves := len(s.reg.nodes), s.reg.moves
 	s.regMu.Unlock()
 	s.connMu.Lock()
-	conns := len(s.conns)
+	conns, halfOpen := len(s.conns), s.halfOpen
 	s.connMu.Unlock()
 	return ServerStats{
-		Nodes:          nodes,
-		Conns:          conns,
-		Registered:     s.st.registered.Load(),
-		Renewed:        s.st.renewed.Load(),
-		Deregistered:   s.st.deregistered.Load(),
-		Expired:        s.st.expired.Load(),
-		Refused:        s.st.refused.Load(),
-		Full:           s.st.full.Load(),
-		Lookups:        s.st.lookups.Load(),
-		Malformed:      s.st.malformed.Load(),
-		TableWrites:    s.st.tableWrites.Load(),
-		Moves:          moves,
-		DroppedReplies: s.st.droppedReplies.Load(),
-		LoopRepairs:    s.st.loopRepairs.Load(),
-		Accepted:       s.st.accepted.Load(),
-		Rejected:       s.st.rejected.Load(),
-		Reaped:         s.st.reaped.Load(),
+		Nodes:             nodes,
+		Conns:             conns,
+		Registered:        s.st.registered.Load(),
+		Renewed:           s.st.renewed.Load(),
+		Deregistered:      s.st.deregistered.Load(),
+		Expired:           s.st.expired.Load(),
+		Refused:           s.st.refused.Load(),
+		Full:              s.st.full.Load(),
+		Lookups:           s.st.lookups.Load(),
+		Malformed:         s.st.malformed.Load(),
+		TableWrites:       s.st.tableWrites.Load(),
+		Moves:             moves,
+		DroppedReplies:    s.st.droppedReplies.Load(),
+		LoopRepairs:       s.st.loopRepairs.Load(),
+		Accepted:          s.st.accepted.Load(),
+		Rejected:          s.st.rejected.Load(),
+		Reaped:            s.st.reaped.Load(),
+		Busy:              s.st.busy.Load(),
+		HalfOpen:          halfOpen,
+		PendingWrites:     int(s.st.pending.Load()),
+		PeakHalfOpen:      s.st.peakHalfOpen.Load(),
+		PeakPendingWrites: s.st.peakPending.Load(),
 	}
 }
 
@@ -639,12 +678,14 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 	}
 	s.connMu.Lock()
 	c := s.conns[wc.QPN]
+	if c != nil {
+		s.heardLocked(c)
+	}
 	s.connMu.Unlock()
 	if c == nil {
 		return
 	}
 	c.lastRx = now
-	c.heard = true
 	b := s.recvMem[buf*MaxMessage : buf*MaxMessage+int(min(wc.ByteLen, MaxMessage))]
 	m, err := parseMessage(b)
 	if err == nil && m.kind&replyBit != 0 {
@@ -661,6 +702,10 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 	var ws []slotWrite
 	switch m.kind {
 	case kindRegister:
+		if !s.admitRegister(wb) {
+			s.replies = append(s.replies, outReply{wc.QPN, message{kind: kindRegister | replyBit, status: stBusy, reqID: m.reqID, version: m.version}})
+			return
+		}
 		rep, ws = s.reg.register(&m, now)
 		switch rep.status {
 		case stOK:
@@ -873,6 +918,7 @@ func (s *Server) flush() {
 		_ = s.srq.PostRecv(s.reposts) // fails only once the SRQ is destroyed
 		s.reposts = s.reposts[:0]
 	}
+	s.notePending()
 	if len(s.backlog) == 0 {
 		// Everything handed out was posted, and PostSend copied it.
 		s.arena = s.arena[:0]
@@ -1049,6 +1095,7 @@ func (s *Server) reap(n uint32) {
 	c := s.conns[n]
 	delete(s.conns, n)
 	if c != nil {
+		s.heardLocked(c) // no longer half-open
 		if s.perSrc[c.remote.Addr()]--; s.perSrc[c.remote.Addr()] <= 0 {
 			delete(s.perSrc, c.remote.Addr())
 		}

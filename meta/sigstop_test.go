@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,11 +47,13 @@ func TestStoppedServerRecovers(t *testing.T) {
 		devs = append(devs, f.hostDevice(i+1))
 	}
 	var wg sync.WaitGroup
+	var started atomic.Int32
 	errs := make(chan error, nodes)
 	for i := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer started.Add(1)
 			c, err := NewClient(ctx, devs[i%len(devs)], ccfg)
 			if err != nil {
 				errs <- err
@@ -65,6 +68,11 @@ func TestStoppedServerRecovers(t *testing.T) {
 			t.Cleanup(func() { a.Close() })
 			agents[i] = a
 		}()
+	}
+	// Time moves while they start: a service that sheds some of them
+	// (busy) sees them back after their backoff.
+	if took, ok := drive(f, clk, 10*time.Millisecond, time.Minute, func() bool { return started.Load() == nodes }, srv); !ok {
+		t.Fatalf("%d of %d nodes started after %v", started.Load(), nodes, took)
 	}
 	wg.Wait()
 	close(errs)
