@@ -31,7 +31,10 @@ const busyReject = "meta: busy, retry later"
 
 // Admission defaults.
 const (
-	DefaultMaxHalfOpen = 512
+	// DefaultMaxHalfOpen is half of DefaultMaxConns: a bound on what
+	// clients not yet heard from hold, not the main throttle (a
+	// registration storm is shed by MaxPendingWrites).
+	DefaultMaxHalfOpen = DefaultMaxConns / 2
 	// DefaultMaxPendingWrites is two loopback send queues of table
 	// WRITEs: about 2,000 registrations waiting to be published.
 	DefaultMaxPendingWrites = 2 * loopDepth

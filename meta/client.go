@@ -442,6 +442,13 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	if wait := c.busyWait(s); wait > 0 && !budget {
+		// The server shed the last attempt (busy) and its backoff ends
+		// within a connection attempt's time: wait it out, then try.
+		if err := c.sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	if s.lastErr != nil && c.clock.Now().Before(s.retryAt) && !budget {
 		// It failed a moment ago: fail at once (maintain tries again

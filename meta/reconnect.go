@@ -79,3 +79,20 @@ func (c *Client) whileBusy(ctx context.Context, f func() error) error {
 		}
 	}
 }
+
+// busyWait returns how long a caller should wait before dialing s: the
+// rest of s's backoff if its last attempt was answered busy and the
+// backoff ends within a connection attempt's time, else 0 (dial now, or
+// fail at once if the backoff is longer).
+func (c *Client) busyWait(s *server) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastErr == nil || !isBusy(s.lastErr) {
+		return 0
+	}
+	d := s.retryAt.Sub(c.clock.Now())
+	if d <= 0 || d > c.reconnectTimeout(s.handshake) {
+		return 0
+	}
+	return d
+}

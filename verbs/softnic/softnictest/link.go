@@ -28,8 +28,12 @@ type Link struct {
 	queue   pktQueue // packets waiting for delivery
 	// rxStopped holds the queue (StopReceive).
 	rxStopped bool
-	stats     link.Stats
-	counts    counts
+	// rxEvery paces delivery (SetRxRate): the next packet is delivered
+	// no earlier than rxFree.
+	rxEvery time.Duration
+	rxFree  time.Time
+	stats   link.Stats
+	counts  counts
 
 	// rxMu serializes deliveries to the link, whatever goroutine makes them
 	// (the link's own, Flush, ManualClock.Advance): a batch is popped and
@@ -172,9 +176,9 @@ func (l *Link) run() {
 		if n.manual == nil {
 			n.mu.Lock()
 			var next time.Time
-			pending := len(l.queue) > 0
+			pending := len(l.queue) > 0 && !l.rxStopped
 			if pending {
-				next = l.queue[0].at
+				next = later(l.queue[0].at, l.rxFree)
 			}
 			n.mu.Unlock()
 			if pending {

@@ -30,9 +30,23 @@ func (l *Link) ResumeReceive() {
 	}
 }
 
+// SetRxRate limits delivery to l to pps packets per second of the
+// network's clock (0: no limit), like a process that takes 1/pps to handle
+// each packet: the rest wait in the queue, which may fill up and drop
+// (Config.QueueLimit). For simulating a loaded server on a manual clock.
+func (l *Link) SetRxRate(pps int) {
+	l.net.mu.Lock()
+	defer l.net.mu.Unlock()
+	l.rxEvery, l.rxFree = 0, time.Time{}
+	if pps > 0 {
+		l.rxEvery = time.Second / time.Duration(pps)
+	}
+}
+
 // QueuedNow returns the number of packets due now (or earlier) at started
-// links whose receive is not stopped: what AutoFlush goroutines are about
-// to deliver. A test that drives a manual clock waits for it to reach zero
+// links whose receive is neither stopped nor paced past now (SetRxRate),
+// and those being delivered: what AutoFlush goroutines are about to
+// deliver. A test that drives a manual clock waits for it to reach zero
 // before it moves time on.
 func (n *Network) QueuedNow() int {
 	now := n.clock.Now()
@@ -40,7 +54,7 @@ func (n *Network) QueuedNow() int {
 	defer n.mu.Unlock()
 	q := n.delivering
 	for _, l := range n.order {
-		if !l.started || l.closed || l.rxStopped {
+		if !l.started || l.closed || l.rxStopped || l.rxFree.After(now) {
 			continue
 		}
 		for _, p := range l.queue {

@@ -1,0 +1,178 @@
+package meta
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/krfs/krfs/verbs/softnic"
+	"github.com/krfs/krfs/verbs/softnic/softnictest"
+)
+
+// stormResult is what a start storm ends with.
+type stormResult struct {
+	converged time.Duration // clock time from the first start to the last node done
+	stats     []ServerStats
+	dropped   uint64 // packets the servers' full receive queues dropped
+}
+
+// startStorm starts nodes nodes within one second of clock against the
+// meta servers (each on its own host, receiving at most pps packets per
+// second of clock: a loaded process), every node on one of the hosts'
+// devices with a client of its own: it connects, registers through an
+// Agent and looks itself and another registered node up. It drives the
+// clock until every node is done (or limit) and reports.
+//
+// It runs in a testing/synctest bubble on the real-time fake network: time
+// is the bubble's fake clock, which moves only when every goroutine of the
+// simulation is blocked, so the service's only cost is the pacing of its
+// receive (however slow the machine running the test), and no time passes
+// while anything can still run.
+func startStorm(t *testing.T, nodes, servers, pps int, limit time.Duration) stormResult {
+	f := newFabric(t, "fake", softnictest.Config{Seed: 7})
+	var srvs []*Server
+	var links []*softnictest.Link
+	var addrs []netip.AddrPort
+	for i := range servers {
+		l, err := f.net.NewLinkAt(netip.MustParseAddrPort("10.255.0." + string(rune('1'+i)) + ":4791"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetRxRate(pps)
+		dev, err := softnic.Open(softnic.Config{Link: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		s := startServer(t, dev, ServerConfig{MaxConns: 2 * nodes, MaxConnsPerSource: nodes})
+		srvs, links, addrs = append(srvs, s), append(links, l), append(addrs, s.Addr())
+	}
+	ccfg := ClientConfig{Servers: addrs, CacheEntries: -1, Depth: 4}
+	hosts := max(nodes/10, 1)
+	devs := make([]*softnic.Device, hosts)
+	for i := range devs {
+		devs[i] = f.hostDevice(i + 1)
+	}
+	ctx := ctxT(t)
+	var done atomic.Int32
+	var failed atomic.Int32
+	var regMu sync.Mutex
+	var registered []uint32
+	var wg sync.WaitGroup
+	rng := rand.New(rand.NewPCG(7, 7))
+	for i := range nodes {
+		gid := uint32(i + 1)
+		wg.Add(1)
+		run := func() {
+			defer wg.Done()
+			defer done.Add(1)
+			fail := func(what string, err error) {
+				if failed.Add(1) <= 5 {
+					t.Errorf("node %d: %s: %v", gid, what, err)
+				}
+			}
+			// As a daemon starts (node.Start): a service that did not
+			// answer is asked again, after a backoff.
+			var c *Client
+			var err error
+			for try := 1; ; try++ {
+				if c, err = NewClient(ctx, devs[i%hosts], ccfg); err == nil || try == 20 {
+					break
+				}
+				time.Sleep(retryDelayFor(ccfg, try))
+			}
+			if err != nil {
+				fail("NewClient", err)
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			var a *Agent
+			for try := 1; ; try++ {
+				if a, err = c.Register(ctx, testNode(gid, uint64(gid)*1000+1), AgentConfig{}); err == nil || try == 20 {
+					break
+				}
+				time.Sleep(c.retryDelay(try))
+			}
+			if err != nil {
+				fail("Register", err)
+				return
+			}
+			t.Cleanup(func() { a.Close() })
+			regMu.Lock()
+			registered = append(registered, gid)
+			other := registered[rand.IntN(len(registered))]
+			regMu.Unlock()
+			for _, g := range []uint32{gid, other} {
+				if n, err := c.Lookup(ctx, g); err != nil || n != testNode(g, uint64(g)*1000+1) {
+					fail("Lookup", err)
+					return
+				}
+			}
+		}
+		// Started within the first second, in random order.
+		time.AfterFunc(time.Duration(rng.Int64N(int64(time.Second))), run)
+	}
+	start := time.Now()
+	for done.Load() < int32(nodes) && time.Since(start) < limit {
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Since(start)
+	if done.Load() < int32(nodes) {
+		for _, s := range srvs {
+			t.Logf("server: %+v", s.Stats())
+		}
+		t.Fatalf("start storm: %d of %d nodes done after %v of clock", done.Load(), nodes, took)
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		for _, s := range srvs {
+			t.Logf("server: %+v", s.Stats())
+		}
+		t.Fatalf("start storm: %d of %d nodes failed", failed.Load(), nodes)
+	}
+	r := stormResult{converged: took}
+	for i, s := range srvs {
+		r.stats = append(r.stats, s.Stats())
+		r.dropped += links[i].Counters().Overflow
+	}
+	return r
+}
+
+// TestStartStorm: 10,000 nodes start within one second against one meta
+// service that handles at most 50,000 packets per second of clock (about
+// 14 per node: the handshake, the registration and its table WRITEs, two
+// lookup READs, their ACKs), so the storm asks for about three seconds of
+// its work in one. Every node registers and looks up; the service's
+// pending table WRITEs and half-open connections stay within their bounds
+// (it sheds the rest as busy, and the nodes back off), and its receive
+// queue is bounded by construction (a full one drops, like a socket).
+func TestStartStorm(t *testing.T) {
+	checkLeaks(t)
+	nodes := 10000
+	if testing.Short() {
+		nodes = 2000
+	}
+	var r stormResult
+	synctest.Test(t, func(t *testing.T) { r = startStorm(t, nodes, 1, 50000, 2*time.Minute) })
+	st := r.stats[0]
+	if st.Nodes != nodes {
+		t.Fatalf("server holds %d of %d nodes", st.Nodes, nodes)
+	}
+	// One batch of completions (up to 128 registrations) may be admitted
+	// past the bound before it is checked again.
+	if st.PeakPendingWrites > uint64(DefaultMaxPendingWrites+128*8) || st.PeakHalfOpen > DefaultMaxHalfOpen {
+		t.Fatalf("bounds exceeded: %+v", st)
+	}
+	t.Logf("%d nodes converged %v of clock after the first start; server: busy %d, peak %d WRITEs pending, peak %d half-open, %d conns, %d packets dropped at its full queue",
+		nodes, r.converged, st.Busy, st.PeakPendingWrites, st.PeakHalfOpen, st.Conns, r.dropped)
+}
+
+// retryDelayFor is Client.retryDelay for a client not made yet.
+func retryDelayFor(cfg ClientConfig, try int) time.Duration {
+	_ = cfg.fill()
+	return (&Client{cfg: cfg}).retryDelay(try)
+}
