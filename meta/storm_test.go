@@ -142,33 +142,60 @@ func startStorm(t *testing.T, nodes, servers, pps int, limit time.Duration) stor
 	return r
 }
 
+// stormSize is the start storm's size: 10,000 nodes at 50,000 packets per
+// second of service, or a fifth of both under -short or the race detector
+// (which make test uses), so that the simulation takes well under a
+// minute of real time either way; the storm asks the service for the same
+// multiple of its capacity.
+func stormSize() (nodes, pps int) {
+	if testing.Short() || raceEnabled {
+		return 2000, 10000
+	}
+	return 10000, 50000
+}
+
 // TestStartStorm: 10,000 nodes start within one second against one meta
-// service that handles at most 50,000 packets per second of clock (about
-// 14 per node: the handshake, the registration and its table WRITEs, two
-// lookup READs, their ACKs), so the storm asks for about three seconds of
-// its work in one. Every node registers and looks up; the service's
-// pending table WRITEs and half-open connections stay within their bounds
-// (it sheds the rest as busy, and the nodes back off), and its receive
-// queue is bounded by construction (a full one drops, like a socket).
+// service that handles at most 50,000 packets per second (about 14 per
+// node: the handshake, the registration and its table WRITEs, two lookup
+// READs, their ACKs), so the storm asks for about three seconds of its
+// work in one. Every node registers and looks up; the service's pending
+// table WRITEs and half-open connections stay within their bounds (it
+// sheds the rest as busy, and the nodes back off), and its receive queue
+// is bounded by construction (a full one drops, like a socket).
 func TestStartStorm(t *testing.T) {
 	checkLeaks(t)
-	nodes := 10000
-	if testing.Short() {
-		nodes = 2000
-	}
+	nodes, pps := stormSize()
 	var r stormResult
-	synctest.Test(t, func(t *testing.T) { r = startStorm(t, nodes, 1, 50000, 2*time.Minute) })
-	st := r.stats[0]
-	if st.Nodes != nodes {
-		t.Fatalf("server holds %d of %d nodes", st.Nodes, nodes)
+	synctest.Test(t, func(t *testing.T) { r = startStorm(t, nodes, 1, pps, 5*time.Minute) })
+	checkStorm(t, r, nodes)
+}
+
+// TestStartStormReplicas: the same storm against three replicas; every
+// node registers with all three.
+func TestStartStormReplicas(t *testing.T) {
+	checkLeaks(t)
+	nodes, pps := stormSize()
+	nodes, pps = nodes/5, pps/5 // three connections per node
+	var r stormResult
+	synctest.Test(t, func(t *testing.T) { r = startStorm(t, nodes, 3, pps, 5*time.Minute) })
+	checkStorm(t, r, nodes)
+}
+
+func checkStorm(t *testing.T, r stormResult, nodes int) {
+	t.Helper()
+	for i, st := range r.stats {
+		if st.Nodes != nodes {
+			t.Fatalf("server %d holds %d of %d nodes", i, st.Nodes, nodes)
+		}
+		// One batch of completions (up to 128 registrations) may be
+		// admitted past the bound before it is checked again.
+		if st.PeakPendingWrites > uint64(DefaultMaxPendingWrites+128*8) || st.PeakHalfOpen > DefaultMaxHalfOpen {
+			t.Fatalf("server %d: bounds exceeded: %+v", i, st)
+		}
+		t.Logf("server %d: busy %d, peak %d WRITEs pending, peak %d half-open, %d conns", i, st.Busy, st.PeakPendingWrites, st.PeakHalfOpen, st.Conns)
 	}
-	// One batch of completions (up to 128 registrations) may be admitted
-	// past the bound before it is checked again.
-	if st.PeakPendingWrites > uint64(DefaultMaxPendingWrites+128*8) || st.PeakHalfOpen > DefaultMaxHalfOpen {
-		t.Fatalf("bounds exceeded: %+v", st)
-	}
-	t.Logf("%d nodes converged %v of clock after the first start; server: busy %d, peak %d WRITEs pending, peak %d half-open, %d conns, %d packets dropped at its full queue",
-		nodes, r.converged, st.Busy, st.PeakPendingWrites, st.PeakHalfOpen, st.Conns, r.dropped)
+	t.Logf("%d nodes against %d server(s) converged %v after the first start; %d packets dropped at full server queues",
+		nodes, len(r.stats), r.converged, r.dropped)
 }
 
 // retryDelayFor is Client.retryDelay for a client not made yet.

@@ -42,7 +42,7 @@ log "building bin/krfs"
 mkdir -p bin
 $GO build -o bin/krfs ./cmd/krfs
 KRFS=$PWD/bin/krfs
-$GO build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline
+$GO build -o bin/krfs-baseline ./cmd/krfs-baseline
 KBASE=$PWD/bin/krfs-baseline
 
 # Go benchmarks, one at a time (with 2 vCPUs anything beside a
@@ -57,7 +57,7 @@ if [[ ${ONLY:-} != veth ]]; then
 	gobench softnic_lat ./verbs/softnic '^BenchmarkReadLatency8B$' $GB_LAT
 	gobench softnic_rate ./verbs/softnic '^BenchmarkReadRate32$' $GB_RATE
 	gobench softnic_bw ./verbs/softnic '^BenchmarkReadBandwidth1M$' $GB_BW
-	gobench baseline_tcpconn ./internal/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
+	gobench baseline_tcpconn ./bench/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
 	gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
 	gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
 	gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x
@@ -234,6 +234,12 @@ veth_rows() {
 	KB_PREFIX=$h1 kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
 	base veth_base_tcp1m_fuse $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
 	kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
+	# WRITEs of 1 MiB: a WRITE into an exported region is received into a
+	# private buffer and copied after its header is checked (softnic's
+	# no-foreign-byte rule), so these rows show what that copy costs.
+	base veth_base_tcp1m_w $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
+	KB_PREFIX=$h1 kb veth_api_wbw1m write_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
+	kb veth_fuse_wbw1m write_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
 	# Memory: fio through host 1's file of host 2's memory, then host 1's
 	# daemon's own (anonymous) memory.
 	if command -v fio >/dev/null; then

@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/krfs/krfs/internal/bench"
-	"github.com/krfs/krfs/internal/bench/report"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/report"
 	"github.com/krfs/krfs/nic"
 )
 
@@ -19,7 +19,7 @@ import (
 // of a running cluster (--meta, --gid) or through the file interface of a
 // mounted krfs (--path). `krfs bench report DIR` turns the outputs of
 // scripts/bench.sh into results.json, results.md and plots. The suite
-// itself is package internal/bench; this file is its flags.
+// itself is package bench; this file is its flags.
 
 // benchNIC are the flags of the bench's own NIC (API mode) that do not
 // land in bench.Opts directly.

@@ -117,7 +117,7 @@ for h in $(seq $((loader + 1)) "$hosts"); do
 done
 # The UDP echo servers of the cold-peer floor: on the meta service's
 # host, then on every memory node's; each runs until its stdin closes.
-(cd "$top" && go build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline)
+(cd "$top" && go build -o bin/krfs-baseline ./cmd/krfs-baseline)
 echoes=
 for ns in meta $(seq 1 "$MEMNODES"); do
 	if [ "$ns" = meta ]; then ip=$KRFS_NET.254; else ip=$KRFS_NET.$ns; ns=h$ns; fi

@@ -51,7 +51,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/qpcore"
