@@ -287,7 +287,7 @@
 //     status, is served.
 //   - Every batch of table WRITEs, a sweep that removes 10,000 expired
 //     leases included, is cut into groups that fit the loopback send
-//     queue (groups.go), so the loop never waits for room that cannot
+//     queue (tablewrite.go), so the loop never waits for room that cannot
 //     come (TestMassExpiryKeepsAnswering, TestStoppedServerRecovers).
 //
 // ServerStats.Busy counts the load shed; HalfOpen, PendingWrites and their
@@ -331,4 +331,21 @@
 // (pollMu), so a single caller is woken by its own completion without a
 // goroutine handoff. Lock order: Server regMu, then connMu; Client
 // server.mu, then conn.mu; conn pollMu, then the QP's internal locks.
+//
+// # Files
+//
+// The wire formats are leaves that know nothing of the server or the
+// client: layout.go (the table, its slots and the membership map),
+// msg.go (messages), bootstrap.go (the connection's private data),
+// nodeinfo.go (NodeInfo and the errors). The server: server.go
+// (configuration, setup, accepting connections), srvloop.go (its one
+// goroutine: messages, replies, sweeps), tablewrite.go (write groups and
+// the loopback QP that executes them), registry.go and table.go (leases
+// and the hopscotch index, a pure state machine), admit.go (load
+// shedding), auth.go and limits.go (node keys, per-source limits). The
+// client: client.go (configuration and the connection to each server),
+// conn.go (one connection: operation slots, completions, the adaptive ACK
+// timeout), reconnect.go (backoff), failover.go (running an operation on
+// the servers in turn), lookup.go and connread.go (lookups and listing),
+// agent.go (registration and heartbeats).
 package meta
