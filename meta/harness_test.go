@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -252,4 +254,20 @@ func drive(f *fabric, clk *softnictest.ManualClock, step, limit time.Duration, c
 func (f *fabric) hostDevice(i int) *softnic.Device {
 	f.t.Helper()
 	return f.deviceAt(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791))
+}
+
+// forEachGID calls f for gids 1..n on workers goroutines and waits.
+func forEachGID(n uint32, workers int, f func(g uint32)) {
+	var wg sync.WaitGroup
+	var next atomic.Uint32
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for g := next.Add(1); g <= n; g = next.Add(1) {
+				f(g)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -2,7 +2,6 @@ package meta
 
 import (
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,27 +30,14 @@ func TestTenThousandNodes(t *testing.T) {
 	reader := startClient(t, f.device(), ccfg)
 	var bad atomic.Uint32
 	ctx := ctxT(t)
-	var wg sync.WaitGroup
-	var next atomic.Uint32
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				g := next.Add(1)
-				if g > nodes {
-					return
-				}
-				n, err := reader.Lookup(ctx, g)
-				if err != nil || n != testNode(g, inc(g)) {
-					if bad.Add(1) < 5 {
-						t.Errorf("gid %d: %+v %v", g, n, err)
-					}
-				}
+	forEachGID(nodes, 8, func(g uint32) {
+		n, err := reader.Lookup(ctx, g)
+		if err != nil || n != testNode(g, inc(g)) {
+			if bad.Add(1) < 5 {
+				t.Errorf("gid %d: %+v %v", g, n, err)
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 	if bad.Load() > 0 {
 		t.Fatalf("%d of %d nodes did not resolve", bad.Load(), nodes)
 	}
