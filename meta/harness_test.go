@@ -271,3 +271,23 @@ func forEachGID(n uint32, workers int, f func(g uint32)) {
 	}
 	wg.Wait()
 }
+
+// untilAnswered runs f until it returns something other than
+// ErrUnreachable (at most 20 times), waiting a reconnection backoff on clk
+// in between: what a daemon does while it starts.
+func untilAnswered(ctx context.Context, clk clock.Clock, f func() error) error {
+	cfg := ClientConfig{Servers: []netip.AddrPort{{}}}
+	for try := 1; ; try++ {
+		err := f()
+		if err == nil || try == 20 || !errors.Is(err, ErrUnreachable) {
+			return err
+		}
+		ch, stop := clock.After(clk, retryDelayFor(cfg, try))
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			stop()
+			return err
+		}
+	}
+}

@@ -54,13 +54,23 @@ func TestStoppedServerRecovers(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer started.Add(1)
-			c, err := NewClient(ctx, devs[i%len(devs)], ccfg)
+			// As a daemon starts: asked again after a backoff if the
+			// service did not answer (node.Start does the same).
+			var c *Client
+			err := untilAnswered(ctx, clk, func() (err error) {
+				c, err = NewClient(ctx, devs[i%len(devs)], ccfg)
+				return err
+			})
 			if err != nil {
 				errs <- err
 				return
 			}
 			t.Cleanup(func() { c.Close() })
-			a, err := c.Register(ctx, testNode(uint32(i+1), uint64(i+1)*1000+1), AgentConfig{})
+			var a *Agent
+			err = untilAnswered(ctx, clk, func() (err error) {
+				a, err = c.Register(ctx, testNode(uint32(i+1), uint64(i+1)*1000+1), AgentConfig{})
+				return err
+			})
 			if err != nil {
 				errs <- err
 				return
