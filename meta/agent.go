@@ -151,15 +151,20 @@ func (a *Agent) register(ctx context.Context, cn *conn, i int) error {
 	a.mu.Unlock()
 	var rep message
 	boot := cn.boot
-	err := a.c.onServer(ctx, cn, func(cn *conn) error {
-		var err error
-		rep, err = cn.call(ctx, message{kind: kindRegister, node: info, leaseMs: uint32(a.cfg.Lease / time.Millisecond)})
-		boot = cn.boot
+	// A busy service is asked again after a backoff while ctx lasts
+	// (reconnect.go).
+	err := a.c.whileBusy(ctx, func() error {
+		err := a.c.onServer(ctx, cn, func(cn *conn) error {
+			var err error
+			rep, err = cn.call(ctx, message{kind: kindRegister, node: info, leaseMs: uint32(a.cfg.Lease / time.Millisecond)})
+			boot = cn.boot
+			return err
+		})
+		if err == nil {
+			err = rep.status.err()
+		}
 		return err
 	})
-	if err == nil {
-		err = rep.status.err()
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := &a.per[i]

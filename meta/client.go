@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +59,9 @@ type ClientConfig struct {
 	RPCTimeout, ConnectTimeout, FirstConnectTimeout time.Duration
 	// RetryInterval paces reconnection to a server that is down, and is
 	// how often the client checks whether a connection needs a ping.
-	RetryInterval time.Duration
+	// Consecutive failures double it, up to MaxRetryInterval, with
+	// jitter (reconnect.go).
+	RetryInterval, MaxRetryInterval time.Duration
 	// QPTimeout and QPRetryCnt tune the RC QPs; a dead server is noticed
 	// after about QPTimeout*(QPRetryCnt+1) on a READ. Zero QPTimeout is
 	// RPCTimeout/(QPRetryCnt+1), zero QPRetryCnt DefaultQPRetryCnt: a
@@ -76,8 +77,9 @@ type ClientConfig struct {
 	// without an answer (k doublings; 5.9 s with the defaults) instead of
 	// QPTimeout*(QPRetryCnt+1).
 	MaxQPTimeout time.Duration
-	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
-	// nil is the system clock.
+	// Clock paces reconnects and keepalive pings, and Agents' heartbeats,
+	// and times RPCs and connection attempts; nil is the device's clock
+	// (softnic's: the clock of its ACK timeouts), or the system clock.
 	Clock clock.Clock
 	// NodeKey, if set, is this node's own key: the client proves it on
 	// every connection to a server that supports node keys, and the
@@ -115,6 +117,9 @@ func (c *ClientConfig) fill() error {
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
+	}
+	if c.MaxRetryInterval == 0 {
+		c.MaxRetryInterval = max(DefaultMaxRetryInterval, c.RetryInterval)
 	}
 	if c.QPRetryCnt == 0 {
 		c.QPRetryCnt = DefaultQPRetryCnt
@@ -159,6 +164,10 @@ type ClientStats struct {
 	// Uncached counts entries read while the DCCache was still being
 	// built (a new client's first ~2 ms), which it therefore lacks.
 	Uncached uint64
+	// Busy counts answers of a busy meta service (a rejected connection
+	// request, a registration answered busy) that the client backed off
+	// from.
+	Busy uint64
 }
 
 // Client reads the node table of one or more meta servers and caches
@@ -202,7 +211,7 @@ type Client struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
 		lastKnown, rebuilds, mapRetries          atomic.Uint64
-		backoffs, uncached                       atomic.Uint64
+		backoffs, uncached, busy                 atomic.Uint64
 	}
 }
 
@@ -217,6 +226,10 @@ type server struct {
 	gens    uint64     // connections made so far
 	lastTry time.Time  // clock time of the last attempt
 	lastErr error
+	// fails counts consecutive failed attempts; retryAt is when the next
+	// may start (reconnect.go).
+	fails   int
+	retryAt time.Time
 	// handshake is how long the last connection that succeeded took to
 	// make (client clock): what the server could do then.
 	handshake time.Duration
@@ -226,6 +239,9 @@ type server struct {
 // connects to each; it fails only if none answers (ErrUnreachable). It
 // keeps trying the others in the background.
 func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = deviceClock(dev)
+	}
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
@@ -257,21 +273,25 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 	// after ConnectTimeout and starting another would only add work to
 	// what the server has queued. It still ends after FirstConnectTimeout,
 	// so that a caller that retries (node.Start) reports a service that
-	// is down; a ctx without a deadline gets ConnectTimeout.
-	actx, acancel := context.WithCancel(c.ctx)
-	if dl, ok := ctx.Deadline(); ok {
-		if end := time.Now().Add(cfg.FirstConnectTimeout); end.Before(dl) {
-			dl = end
-		}
-		actx, acancel = context.WithDeadline(c.ctx, dl)
+	// is down; a ctx without a deadline gets ConnectTimeout. Both are on
+	// the client's clock. A busy server is tried again after a backoff
+	// within that time (reconnect.go).
+	limit := cfg.ConnectTimeout
+	if _, ok := ctx.Deadline(); ok {
+		limit = cfg.FirstConnectTimeout
 	}
+	actx, acancel := clock.WithTimeout(c.ctx, c.clock, limit)
 	context.AfterFunc(ctx, acancel)
 	results := make(chan error, len(c.servers))
 	for _, s := range c.servers {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			cn, err := c.connect(actx, s, true)
+			var cn *conn
+			err := c.whileBusy(actx, func() (err error) {
+				cn, err = c.connect(actx, s, true)
+				return err
+			})
 			if err == nil {
 				cn.unref()
 			}
@@ -426,11 +446,18 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	if wait := c.busyWait(s); wait > 0 && !budget {
+		// The server shed the last attempt (busy) and its backoff ends
+		// within a connection attempt's time: wait it out, then try.
+		if err := c.sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
-	if s.lastErr != nil && c.clock.Now().Sub(s.lastTry) < c.cfg.RetryInterval {
+	if s.lastErr != nil && c.clock.Now().Before(s.retryAt) && !budget {
 		// It failed a moment ago: fail at once (maintain tries again
-		// every RetryInterval) rather than make every caller wait for a
-		// connect timeout of its own.
+		// after the backoff, reconnect.go) rather than make every caller
+		// wait for a connect timeout of its own.
 		err := s.lastErr
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
@@ -443,10 +470,10 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 	limit := c.reconnectTimeout(s.handshake)
 	s.mu.Unlock()
 	var cancel context.CancelFunc
-	if _, ok := ctx.Deadline(); budget && ok {
-		ctx, cancel = context.WithCancel(ctx)
+	if budget {
+		ctx, cancel = context.WithCancel(ctx) // the caller's budget bounds it
 	} else {
-		ctx, cancel = context.WithTimeout(ctx, limit)
+		ctx, cancel = clock.WithTimeout(ctx, c.clock, limit)
 	}
 	defer cancel()
 	cn, err := c.dial(ctx, s.addr, gen)
@@ -456,6 +483,11 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		// An attempt may have lasted the caller's budget: "a moment
 		// ago" counts from its end.
 		s.lastErr, s.lastTry = err, c.clock.Now()
+		s.fails++
+		s.retryAt = s.lastTry.Add(c.retryDelay(s.fails))
+		if isBusy(err) {
+			err = fmt.Errorf("%w: %w", ErrBusy, err)
+		}
 		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w: %v: %w", ErrUnreachable, s.addr, err)
 		}
@@ -468,7 +500,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		return nil, ErrClosed
 	}
 	old := s.cur
-	s.cur, s.gens, s.lastErr = cn, gen, nil
+	s.cur, s.gens, s.lastErr, s.fails = cn, gen, nil, 0
 	s.handshake = c.clock.Now().Sub(start)
 	c.st.connects.Add(1)
 	cn.ref() // the caller's; the record keeps the dial's
@@ -503,7 +535,7 @@ func (c *Client) maintain() {
 			cn := s.live()
 			if cn == nil {
 				s.mu.Lock()
-				due := now.Sub(s.lastTry) >= c.cfg.RetryInterval
+				due := !now.Before(s.retryAt)
 				s.mu.Unlock()
 				if due {
 					if cn, err := c.connect(ctx, s, false); err == nil {
@@ -519,446 +551,6 @@ func (c *Client) maintain() {
 			cn.unref()
 		}
 	}
-}
-
-// MaxRebuilds bounds how many times one operation is sent again on a new
-// connection to the same server after its connection failed under it.
-const MaxRebuilds = 4
-
-// onServer runs op on cn, a connection to one server that the caller
-// holds a reference to. If op fails because the connection died under it
-// (a transport error: its QP went to ERR, say a SEND that ran out of
-// retries while a host was starved of CPU), the client connects to the
-// same server again, which rebuilds the QP, and runs op on the new
-// connection, while ctx lasts and at most MaxRebuilds times. Other errors
-// (a status from the server, an RPC timeout, ctx's end, a server that
-// cannot be reached at all) are returned as they are.
-//
-// op must be safe to repeat, because the server may have executed the
-// request whose reply was lost: a lookup, a heartbeat, a deregistration
-// and a registration of a given incarnation are (a registration that
-// asks for a gid gets the gid it was assigned before, see
-// registry.register).
-func (c *Client) onServer(ctx context.Context, cn *conn, op func(cn *conn) error) error {
-	err := op(cn)
-	s := c.servers[c.index(cn)]
-	var rebuilt *conn // ours to unref
-	defer func() {
-		if rebuilt != nil {
-			rebuilt.unref()
-		}
-	}()
-	for try := 0; err != nil && cn.isDead() && try < MaxRebuilds && ctx.Err() == nil && !c.closed(); try++ {
-		ncn, cerr := c.connect(ctx, s, false)
-		if cerr != nil {
-			break
-		}
-		if rebuilt != nil {
-			rebuilt.unref()
-		}
-		rebuilt, cn = ncn, ncn
-		c.st.rebuilds.Add(1)
-		err = op(cn)
-	}
-	return err
-}
-
-// each runs f on live connections in order of preference until f
-// reports done. If every live connection failed (or none was live), it
-// connects to each server again (a restarted server, say) and tries
-// those. It returns f's last error, or ErrUnreachable.
-func (c *Client) each(ctx context.Context, f func(cn *conn) (done bool, err error)) error {
-	if c.closed() {
-		return ErrClosed
-	}
-	var last error
-	tried := 0
-	for pass := range 2 {
-		var cns []*conn
-		if pass == 0 {
-			cns = c.liveConns()
-		} else {
-			var err error
-			if cns, err = c.connectAll(ctx); len(cns) == 0 {
-				last = err
-			}
-		}
-		failed := false
-		for i, cn := range cns {
-			if tried > 0 {
-				c.st.failovers.Add(1)
-			}
-			tried++
-			done, err := f(cn)
-			if done {
-				for _, cn := range cns[i:] {
-					cn.unref()
-				}
-				if err == nil {
-					c.pref.Store(int32(c.index(cn)))
-				}
-				return err
-			}
-			cn.unref()
-			if err != nil {
-				failed = true
-				last = err
-				if ctx.Err() != nil {
-					for _, cn := range cns[i+1:] {
-						cn.unref()
-					}
-					return ctx.Err()
-				}
-			}
-		}
-		if len(cns) > 0 && !failed {
-			break // every server answered; none had it
-		}
-	}
-	switch {
-	case last == nil:
-		last = ErrUnreachable
-	case errors.Is(last, context.Canceled) || errors.Is(last, context.DeadlineExceeded):
-	case !errors.As(last, new(*Error)):
-		// A connection request that timed out, a QP that failed: the
-		// server is unreachable, and the error says so (and carries an
-		// errno) whatever the verbs layer called it.
-		last = fmt.Errorf("%w: %w", ErrUnreachable, last)
-	}
-	return last
-}
-
-// connectAll connects to every server that is down, all at once, and
-// returns the live connections (with references) once every attempt
-// ended, with the last connection error.
-func (c *Client) connectAll(ctx context.Context) ([]*conn, error) {
-	type result struct {
-		cn  *conn
-		err error
-	}
-	res := make([]result, len(c.servers))
-	var wg sync.WaitGroup
-	for i, s := range c.servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res[i].cn, res[i].err = c.connect(ctx, s, false)
-		}()
-	}
-	wg.Wait()
-	var out []*conn
-	var last error
-	for _, r := range res {
-		if r.err != nil {
-			last = r.err
-		} else {
-			out = append(out, r.cn)
-		}
-	}
-	return out, last
-}
-
-// liveConns returns the live connections in order of preference, with
-// references.
-func (c *Client) liveConns() []*conn {
-	var out []*conn
-	p := int(c.pref.Load())
-	for i := range c.servers {
-		if cn := c.servers[(p+i)%len(c.servers)].live(); cn != nil {
-			out = append(out, cn)
-		}
-	}
-	return out
-}
-
-func (c *Client) index(cn *conn) int {
-	for i, s := range c.servers {
-		if s.addr == cn.addr {
-			return i
-		}
-	}
-	return 0
-}
-
-// Lookup returns gid's node: from the DCCache if there, otherwise with one
-// READ of the table (or, with UseRPC, one RPC) at the first live server,
-// going on to the others if a server fails or does not know gid.
-func (c *Client) Lookup(ctx context.Context, gid uint32) (NodeInfo, error) {
-	c.st.lookups.Add(1)
-	if dc := c.dc.Load(); dc != nil {
-		if n, ok := dc.Get(gid); ok {
-			return n, nil
-		}
-	}
-	c.st.misses.Add(1)
-	n, err := c.fetch(ctx, gid)
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		c.knownMu.Lock()
-		k, ok := c.known[gid]
-		c.knownMu.Unlock()
-		if ok {
-			c.st.lastKnown.Add(1)
-			return k, nil
-		}
-	}
-	return n, err
-}
-
-// fetch reads gid from a server and caches it.
-func (c *Client) fetch(ctx context.Context, gid uint32) (NodeInfo, error) {
-	if gid == 0 {
-		return NodeInfo{}, fmt.Errorf("%w: gid 0", ErrNotFound)
-	}
-	epoch := c.inval.Load()
-	if !c.cfg.UseRPC {
-		// The common case first: the preferred server answers.
-		if cn := c.servers[c.pref.Load()].live(); cn != nil {
-			var n NodeInfo
-			var found bool
-			err := c.onServer(ctx, cn, func(cn *conn) error {
-				var err error
-				n, found, err = cn.lookup(ctx, gid)
-				return err
-			})
-			cn.unref()
-			if err == nil && found {
-				c.store(n, epoch)
-				return n, nil
-			}
-			if err != nil {
-				c.st.failovers.Add(1) // the others are tried below
-			}
-		}
-	}
-	var n NodeInfo
-	notFound := false
-	err := c.each(ctx, func(cn *conn) (bool, error) {
-		var found bool
-		err := c.onServer(ctx, cn, func(cn *conn) error {
-			var err error
-			if c.cfg.UseRPC {
-				n, found, err = cn.lookupRPC(ctx, gid)
-			} else {
-				n, found, err = cn.lookup(ctx, gid)
-			}
-			return err
-		})
-		if err != nil {
-			return false, err
-		}
-		if !found {
-			notFound = true
-			return false, nil
-		}
-		return true, nil
-	})
-	if err != nil {
-		if notFound && ctx.Err() == nil {
-			c.forget(gid)
-			return NodeInfo{}, fmt.Errorf("%w: gid %d", ErrNotFound, gid)
-		}
-		return NodeInfo{}, fmt.Errorf("meta: lookup %d: %w", gid, err)
-	}
-	c.store(n, epoch)
-	return n, nil
-}
-
-func (c *Client) store(n NodeInfo, epoch uint64) {
-	if c.inval.Load() != epoch {
-		return
-	}
-	if dc := c.dc.Load(); dc != nil {
-		dc.SetWithTTL(n.GID, n, 1, c.cfg.CacheTTL)
-	} else if c.cfg.CacheEntries > 0 {
-		c.st.uncached.Add(1)
-	}
-	c.knownMu.Lock()
-	if _, ok := c.known[n.GID]; ok || int64(len(c.known)) < max(c.cfg.CacheEntries, DefaultCacheEntries) {
-		c.known[n.GID] = n
-	}
-	c.knownMu.Unlock()
-}
-
-// forget drops gid's last known entry.
-func (c *Client) forget(gid uint32) {
-	c.knownMu.Lock()
-	delete(c.known, gid)
-	c.knownMu.Unlock()
-}
-
-// LookupRPC asks a server for gid by RPC, bypassing the cache and the
-// table: the baseline the one-sided path is measured against.
-func (c *Client) LookupRPC(ctx context.Context, gid uint32) (NodeInfo, error) {
-	var n NodeInfo
-	notFound := false
-	err := c.each(ctx, func(cn *conn) (bool, error) {
-		var found bool
-		err := c.onServer(ctx, cn, func(cn *conn) error {
-			var err error
-			n, found, err = cn.lookupRPC(ctx, gid)
-			return err
-		})
-		if err != nil {
-			return false, err
-		}
-		notFound = notFound || !found
-		return found, nil
-	})
-	if err != nil {
-		if notFound && ctx.Err() == nil {
-			return NodeInfo{}, fmt.Errorf("%w: gid %d", ErrNotFound, gid)
-		}
-		return NodeInfo{}, fmt.Errorf("meta: lookup %d by RPC: %w", gid, err)
-	}
-	return n, nil
-}
-
-func (cn *conn) lookupRPC(ctx context.Context, gid uint32) (NodeInfo, bool, error) {
-	rep, err := cn.call(ctx, message{kind: kindLookup, node: NodeInfo{GID: gid}})
-	if err != nil {
-		return NodeInfo{}, false, err
-	}
-	switch rep.status {
-	case stOK:
-		return rep.node, true, nil
-	case stNotFound:
-		return NodeInfo{}, false, nil
-	}
-	return NodeInfo{}, false, rep.status.err()
-}
-
-// LookupMany looks up several gids: cached ones from the DCCache; if the
-// misses would take more READs than the table is worth, it READs the
-// whole table once, otherwise one neighbourhood per miss. Gids that no
-// server knows are absent from the result.
-func (c *Client) LookupMany(ctx context.Context, gids []uint32) (map[uint32]NodeInfo, error) {
-	out := make(map[uint32]NodeInfo, len(gids))
-	var miss []uint32
-	for _, g := range gids {
-		c.st.lookups.Add(1)
-		if dc := c.dc.Load(); dc != nil {
-			if n, ok := dc.Get(g); ok {
-				out[g] = n
-				continue
-			}
-		}
-		c.st.misses.Add(1)
-		miss = append(miss, g)
-	}
-	if len(miss) == 0 {
-		return out, nil
-	}
-	if c.cfg.UseRPC || !c.tableCheaper(len(miss)) {
-		for _, g := range miss {
-			n, err := c.fetch(ctx, g)
-			switch {
-			case err == nil:
-				out[g] = n
-			case !errors.Is(err, ErrNotFound):
-				return out, err
-			}
-		}
-		return out, nil
-	}
-	all, err := c.list(ctx)
-	if err != nil {
-		return out, err
-	}
-	want := make(map[uint32]bool, len(miss))
-	for _, g := range miss {
-		want[g] = true
-	}
-	for _, n := range all {
-		if want[n.GID] {
-			out[n.GID] = n
-		}
-	}
-	return out, nil
-}
-
-// tableCheaper reports whether one READ of the whole table moves fewer
-// bytes than k neighbourhood READs.
-func (c *Client) tableCheaper(k int) bool {
-	cn := c.anyLive()
-	if cn == nil {
-		return false
-	}
-	defer cn.unref()
-	return k*cn.geom.nbhdBytes() >= int(cn.boot.TableLen)
-}
-
-func (c *Client) anyLive() *conn {
-	for _, s := range c.servers {
-		if cn := s.live(); cn != nil {
-			return cn
-		}
-	}
-	return nil
-}
-
-// List returns every registered node, sorted by gid, from one READ of a
-// server's whole table (several READs in one doorbell for tables larger
-// than ListChunk), and caches them all: the full-mesh bootstrap. Slots
-// the READ caught in the middle of a write are read again one by one.
-func (c *Client) List(ctx context.Context) ([]NodeInfo, error) {
-	return c.list(ctx)
-}
-
-func (c *Client) list(ctx context.Context) ([]NodeInfo, error) {
-	epoch := c.inval.Load()
-	var all []NodeInfo
-	err := c.each(ctx, func(cn *conn) (bool, error) {
-		err := c.onServer(ctx, cn, func(cn *conn) error {
-			var err error
-			all, err = cn.list(ctx)
-			return err
-		})
-		return err == nil, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("meta: list: %w", err)
-	}
-	for _, n := range all {
-		c.store(n, epoch)
-	}
-	return all, nil
-}
-
-// Invalidate drops gid from the DCCache.
-func (c *Client) Invalidate(gid uint32) {
-	c.inval.Add(1)
-	c.st.inval.Add(1)
-	if dc := c.dc.Load(); dc != nil {
-		dc.Del(gid)
-	}
-}
-
-// Stale is the data path's hook: failed is the metadata a work request
-// just failed with, with a reason for which StaleReason is true (a DC key
-// NAK or an unknown DCT: the peer restarted). Stale drops the cached
-// entry and reads the table again. It returns the node's current entry if
-// it differs from failed, ErrStale if the table still holds failed (the
-// peer has not registered again yet; nothing is cached then), or
-// ErrNotFound if the node is gone.
-func (c *Client) Stale(ctx context.Context, failed NodeInfo) (NodeInfo, error) {
-	c.Invalidate(failed.GID)
-	c.forget(failed.GID)
-	n, err := c.fetch(ctx, failed.GID)
-	if err != nil {
-		return n, err
-	}
-	if n == failed {
-		c.Invalidate(failed.GID)
-		return n, fmt.Errorf("%w: gid %d incarnation %#x", ErrStale, n.GID, n.Incarnation)
-	}
-	return n, nil
-}
-
-// StaleReason reports whether a work completion's reason means the
-// peer's DC metadata is stale: its DCT rejected the DC key, or the DCT
-// number no longer exists. Both happen when the peer restarted.
-func StaleReason(r verbs.Reason) bool {
-	return r == verbs.ReasonDCKey || r == verbs.ReasonNoQP
 }
 
 // Stats returns the client's counters.
@@ -978,47 +570,6 @@ func (c *Client) Stats() ClientStats {
 		MapRetries:   c.st.mapRetries.Load(),
 		Backoffs:     c.st.backoffs.Load(),
 		Uncached:     c.st.uncached.Load(),
+		Busy:         c.st.busy.Load(),
 	}
-}
-
-// ServerStatus describes one configured server as the client sees it.
-type ServerStatus struct {
-	Addr      netip.AddrPort
-	Up        bool
-	Bootstrap Bootstrap // of the current connection, when up
-	LastErr   error     // of the last failed connection attempt
-}
-
-// Servers reports the state of each configured server.
-func (c *Client) Servers() []ServerStatus {
-	out := make([]ServerStatus, len(c.servers))
-	for i, s := range c.servers {
-		out[i].Addr = s.addr
-		if cn := s.live(); cn != nil {
-			out[i].Up, out[i].Bootstrap = true, cn.boot
-			cn.unref()
-		}
-		s.mu.Lock()
-		out[i].LastErr = s.lastErr
-		s.mu.Unlock()
-	}
-	return out
-}
-
-func sortNodes(ns []NodeInfo) {
-	sort.Slice(ns, func(i, j int) bool { return ns[i].GID < ns[j].GID })
-}
-
-// unreachable joins the errors of servers that did not answer into one
-// that wraps ErrUnreachable, saying "unreachable" once.
-func unreachable(errs []error) error {
-	if len(errs) == 0 {
-		return fmt.Errorf("%w: no server to ask", ErrUnreachable)
-	}
-	for _, err := range errs {
-		if !errors.Is(err, ErrUnreachable) {
-			return fmt.Errorf("%w: %w", ErrUnreachable, errors.Join(errs...))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -210,8 +210,9 @@
 // all): a slow server is not mistaken for a dead one, and a burst of
 // lookups does not turn into a reconnection per lookup
 // (TestColdLookupBurstSlowServer). A server whose connect failed is not
-// dialed again by every caller: for RetryInterval, callers fail at once
-// and the client's maintenance goroutine retries.
+// dialed again by every caller: until its backoff ends (RetryInterval,
+// doubling; see Start storms), callers fail at once and the client's
+// maintenance goroutine retries.
 //
 // Many nodes starting at once load the machine that runs the meta
 // service, which may then answer a connection request seconds late. A
@@ -267,6 +268,47 @@
 // evicted: peers in use keep working while the meta service is down.
 // Stale and a server's "not found" drop that entry.
 //
+// # Start storms
+//
+// Many nodes starting at once, or a server continued after a stop that
+// finds every lease expired together, ask for more than the server can do
+// at once. It admits what it can serve and sheds the rest early, with an
+// answer clients back off from (admit.go), rather than let requests queue
+// until they time out and are sent again:
+//
+//   - At most ServerConfig.MaxHalfOpen connections (default 2,048) may be
+//     accepted and not yet heard from; further connection requests are
+//     rejected as busy before any QP is made.
+//   - While more than MaxPendingWrites table WRITEs (default 8,192, about
+//     2,000 registrations) wait, registrations are answered ErrBusy
+//     (EAGAIN) without queuing anything. Heartbeats, deregistrations,
+//     lookups and pings are always served: registered nodes keep their
+//     leases. A client of message version 2, which does not know the
+//     status, is served.
+//   - Every batch of table WRITEs, a sweep that removes 10,000 expired
+//     leases included, is cut into groups that fit the loopback send
+//     queue (tablewrite.go), so the loop never waits for room that cannot
+//     come (TestMassExpiryKeepsAnswering, TestStoppedServerRecovers).
+//
+// ServerStats.Busy counts the load shed; HalfOpen, PendingWrites and their
+// peaks show how close the server came to its bounds.
+//
+// A client backs off (reconnect.go), on its clock (ClientConfig.Clock, by
+// default the device's: the clock of its ACK timeouts): a server whose
+// connection attempt failed is tried again after RetryInterval, doubled
+// per further failure up to MaxRetryInterval (8 s), each wait multiplied
+// by a random factor in [0.5, 1.5) so that nodes refused together do not
+// return together. A new client's first connection and an agent's
+// registration that are answered busy wait out the backoff and try again
+// while the caller's context lasts (ClientStats.Busy); a later caller
+// whose server was busy waits out the rest of the backoff if it ends
+// within a connection attempt's time. Requests back off like READs: an
+// RPC still waiting after its connection's ACK timeout doubles it, so a
+// slow server is not sent a copy every 125 ms. TestStartStorm simulates
+// 10,000 nodes starting within 1 s against a server that handles 50,000
+// packets per second (a testing/synctest bubble on the fake network,
+// softnictest's SetRxRate), and against three replicas.
+//
 // # DCCache
 //
 // Lookup answers from a ristretto cache bounded by cost (one per node,
@@ -289,4 +331,21 @@
 // (pollMu), so a single caller is woken by its own completion without a
 // goroutine handoff. Lock order: Server regMu, then connMu; Client
 // server.mu, then conn.mu; conn pollMu, then the QP's internal locks.
+//
+// # Files
+//
+// The wire formats are leaves that know nothing of the server or the
+// client: layout.go (the table, its slots and the membership map),
+// msg.go (messages), bootstrap.go (the connection's private data),
+// nodeinfo.go (NodeInfo and the errors). The server: server.go
+// (configuration, setup, accepting connections), srvloop.go (its one
+// goroutine: messages, replies, sweeps), tablewrite.go (write groups and
+// the loopback QP that executes them), registry.go and table.go (leases
+// and the hopscotch index, a pure state machine), admit.go (load
+// shedding), auth.go and limits.go (node keys, per-source limits). The
+// client: client.go (configuration and the connection to each server),
+// conn.go (one connection: operation slots, completions, the adaptive ACK
+// timeout), reconnect.go (backoff), failover.go (running an operation on
+// the servers in turn), lookup.go and connread.go (lookups and listing),
+// agent.go (registration and heartbeats).
 package meta

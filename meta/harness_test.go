@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,3 +206,88 @@ func advance(clk *softnictest.ManualClock, d, step time.Duration, between func()
 }
 
 func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// settle waits until the fabric's network has nothing waiting and the
+// server's loop has not woken for a few polls: what a manual-clock test
+// does before it moves time on, so that time moves only when the system
+// has done what the current instant allows (however slow the machine).
+func settle(f *fabric, srvs ...*Server) {
+	turns := func() uint64 {
+		var n uint64
+		for _, s := range srvs {
+			n += s.turns.Load()
+		}
+		return n
+	}
+	quiet := 0
+	for quiet < 3 {
+		q, n := f.net.QueuedNow(), turns()
+		time.Sleep(200 * time.Microsecond)
+		if q == 0 && f.net.QueuedNow() == 0 && turns() == n {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
+}
+
+// drive advances clk in steps of step, settling before each, until cond
+// holds or limit of clock time has passed; it returns the clock time it
+// took and whether cond held.
+func drive(f *fabric, clk *softnictest.ManualClock, step, limit time.Duration, cond func() bool, srvs ...*Server) (time.Duration, bool) {
+	start := clk.Now()
+	for {
+		settle(f, srvs...)
+		if cond() {
+			return clk.Now().Sub(start), true
+		}
+		if clk.Now().Sub(start) >= limit {
+			return clk.Now().Sub(start), false
+		}
+		clk.Advance(step)
+	}
+}
+
+// hostDevice opens a device on the fake network at host i's own address
+// (10.x.y.z:4791), so that the per-source limits of the meta service and
+// the connection manager see many hosts, as a cluster's service does.
+func (f *fabric) hostDevice(i int) *softnic.Device {
+	f.t.Helper()
+	return f.deviceAt(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791))
+}
+
+// forEachGID calls f for gids 1..n on workers goroutines and waits.
+func forEachGID(n uint32, workers int, f func(g uint32)) {
+	var wg sync.WaitGroup
+	var next atomic.Uint32
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for g := next.Add(1); g <= n; g = next.Add(1) {
+				f(g)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// untilAnswered runs f until it returns something other than
+// ErrUnreachable (at most 20 times), waiting a reconnection backoff on clk
+// in between: what a daemon does while it starts.
+func untilAnswered(ctx context.Context, clk clock.Clock, f func() error) error {
+	cfg := ClientConfig{Servers: []netip.AddrPort{{}}}
+	for try := 1; ; try++ {
+		err := f()
+		if err == nil || try == 20 || !errors.Is(err, ErrUnreachable) {
+			return err
+		}
+		ch, stop := clock.After(clk, retryDelayFor(cfg, try))
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			stop()
+			return err
+		}
+	}
+}

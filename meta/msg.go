@@ -106,6 +106,7 @@ const (
 	stFull
 	stLimited   // a per-source limit of the server (limits.go)
 	stDenied    // another node's entry, or no node key where one is required (auth.go)
+	stBusy      // the service sheds load: retry after a backoff (admit.go)
 	stNumStatus // first invalid value
 )
 
@@ -128,6 +129,8 @@ func (s status) err() error {
 		return ErrLimited
 	case stDenied:
 		return ErrDenied
+	case stBusy:
+		return ErrBusy
 	}
 	return fmt.Errorf("meta: reply status %d", uint8(s))
 }

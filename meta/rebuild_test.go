@@ -32,7 +32,8 @@ func TestTransportErrorRebuildsConnection(t *testing.T) {
 			ctx := ctxT(t)
 			srv := startServer(t, f.device(), ServerConfig{Slots: 64, Clock: clk})
 			ccfg := ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, Clock: clk, CacheEntries: -1,
-				RPCTimeout: time.Hour, QPTimeout: qpTimeout, ConnectTimeout: 5 * time.Minute}
+				RPCTimeout: time.Hour, QPTimeout: qpTimeout, ConnectTimeout: 5 * time.Minute,
+				MaxQPTimeout: qpTimeout} // no backoff: the QP fails after its retry budget
 			known := testNode(9, 9)
 			if _, err := rawRegister(ctx, startClient(t, f.device(), ccfg), known, time.Hour); err != nil {
 				t.Fatal(err)

@@ -259,7 +259,7 @@ var (
 	mCMBadCookies   = desc("cm_bad_cookies_total", "Connection requests whose cookie was stale or forged (also in cm_cookies_sent_total: they get a new one).", counter)
 	mCMLimit        = desc("cm_limit_rejects_total", "Connection requests refused by the per-source or total limit of unconfirmed connections.", counter)
 
-	mMeta = desc("meta_client_total", "Meta client events (lookup, cache_miss, read, torn_read, rpc, stray_reply, failover, connect, invalidation).", counter, "event")
+	mMeta = desc("meta_client_total", "Meta client events (lookup, cache_miss, read, torn_read, rpc, stray_reply, failover, connect, invalidation, busy).", counter, "event")
 
 	mRegions     = desc("regions", "Regions this node exports.", gauge)
 	mRegionBytes = desc("region_bytes", "Size of each exported region.", gauge, "region")
@@ -352,7 +352,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		v  uint64
 	}{{"lookup", m.Lookups}, {"cache_miss", m.CacheMisses}, {"read", m.Reads}, {"torn_read", m.TornReads},
 		{"rpc", m.RPCs}, {"stray_reply", m.StrayReplies}, {"failover", m.Failovers}, {"connect", m.Connects},
-		{"invalidation", m.Invalidated}} {
+		{"invalidation", m.Invalidated}, {"busy", m.Busy}} {
 		emit(mMeta, u(e.v), e.ev)
 	}
 

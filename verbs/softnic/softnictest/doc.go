@@ -60,6 +60,11 @@
 //   - Inject: deliver arbitrary bytes, malformed packets included, from
 //     any address.
 //   - Config.QueueLimit: a full receive queue drops, like a socket buffer.
+//   - Link.SetRxRate: a link receives at most so many packets per second
+//     of clock, like a loaded process; the rest queue (and may drop).
+//   - Link.StopReceive, ResumeReceive and ProcessClock: a process stopped
+//     and continued (SIGSTOP, SIGCONT) - its socket queues, its timers
+//     are held and fire together at Continue.
 //
 // # Receive path
 //

@@ -26,6 +26,12 @@ type Link struct {
 	started bool
 	closed  bool
 	queue   pktQueue // packets waiting for delivery
+	// rxStopped holds the queue (StopReceive).
+	rxStopped bool
+	// rxEvery paces delivery (SetRxRate): the next packet is delivered
+	// no earlier than rxFree.
+	rxEvery time.Duration
+	rxFree  time.Time
 	stats   link.Stats
 	counts  counts
 
@@ -170,9 +176,9 @@ func (l *Link) run() {
 		if n.manual == nil {
 			n.mu.Lock()
 			var next time.Time
-			pending := len(l.queue) > 0
+			pending := len(l.queue) > 0 && !l.rxStopped
 			if pending {
-				next = l.queue[0].at
+				next = later(l.queue[0].at, l.rxFree)
 			}
 			n.mu.Unlock()
 			if pending {

@@ -523,8 +523,11 @@ func (n *Network) nextDue() (at time.Time, ok bool) {
 		n.settled.Wait()
 	}
 	for _, l := range n.order {
-		if l.started && len(l.queue) > 0 && (!ok || l.queue[0].at.Before(at)) {
-			at, ok = l.queue[0].at, true
+		if l.started && !l.rxStopped && len(l.queue) > 0 {
+			due := later(l.queue[0].at, l.rxFree)
+			if !ok || due.Before(at) {
+				at, ok = due, true
+			}
 		}
 	}
 	return at, ok
@@ -549,7 +552,7 @@ func (n *Network) deliverDue(now time.Time) int {
 func (n *Network) popBatch(l *Link, now time.Time, batch []*packet) ([]*packet, link.Receiver) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if l.closed || !l.started || len(l.queue) == 0 || l.queue[0].at.After(now) {
+	if l.closed || !l.started || l.rxStopped || len(l.queue) == 0 || l.queue[0].at.After(now) || l.rxFree.After(now) {
 		return batch, nil
 	}
 	first := heap.Pop(&l.queue).(*packet)
@@ -567,6 +570,9 @@ func (n *Network) popBatch(l *Link, now time.Time, batch []*packet) ([]*packet, 
 		if size < seg {
 			break // a shorter segment ends a GRO batch
 		}
+	}
+	if l.rxEvery > 0 {
+		l.rxFree = later(l.rxFree, now).Add(time.Duration(len(batch)) * l.rxEvery)
 	}
 	n.delivering++
 	return batch, l.recv
