@@ -42,7 +42,8 @@ const eventTag = ^uint64(0)
 // submitted it; a hop to another thread costs more than the request).
 type queue struct {
 	s     *Server
-	qid   int
+	qid   int // the CPU
+	n     int // entries of this thread
 	r     *ring
 	mem   []byte // headers and iovecs, then payloads; never seen by the GC
 	hdrs  []byte
@@ -89,7 +90,7 @@ func (q *queue) setup() error {
 	// A possible CPU that is offline refuses: the queue then runs
 	// anywhere (the kernel sends it nothing until the CPU comes up).
 	_ = unix.SchedSetaffinity(0, &set)
-	n := q.s.entries
+	n := q.n
 	page := os.Getpagesize()
 	hdrBytes := (n*entStride + page - 1) / page * page
 	var err error

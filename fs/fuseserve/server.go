@@ -92,6 +92,7 @@ type Server struct {
 	uring    bool
 	why      string
 	queues   []*queue
+	cpus     int
 
 	wg       sync.WaitGroup // the /dev/fuse loop, its handlers and the queues
 	waitOnce sync.Once
@@ -532,7 +533,7 @@ func (s *Server) Stats() Stats {
 		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load()}
 	if s.uring && len(s.queues) > 0 {
 		st.Transport, st.Why = "io_uring", ""
-		st.Queues, st.EntriesPerQueue = len(s.queues), s.entries
+		st.Queues, st.EntriesPerQueue = s.cpus, s.entries
 	}
 	return st
 }
@@ -597,20 +598,28 @@ func entriesPerQueue(ringBytes, cpus, payload int) int {
 	return min(MaxEntriesPerQueue, max(MinEntriesPerQueue, ringBytes/(cpus*payload)))
 }
 
-// startQueues starts one queue per possible CPU and waits until every
-// one registered its entries: from then on the kernel uses the rings.
+// startQueues starts the rings and waits until every one registered its
+// entries: from then on the kernel uses them. Each possible CPU's queue
+// gets s.entries entries, each on a thread of its own pinned to that CPU
+// with its own ring: the kernel gives a request to a free entry of the
+// caller's CPU, so a request that blocks (a slow peer) holds one thread,
+// not the queue, and every request is still answered on the thread it
+// arrived on.
 func (s *Server) startQueues() error {
 	cpus, err := possibleCPUs()
 	if err != nil {
 		return err
 	}
 	s.entries = entriesPerQueue(s.o.RingBytes, cpus, s.payload)
-	ready := make(chan error, cpus)
-	qs := make([]*queue, cpus)
-	for i := range qs {
-		qs[i] = &queue{s: s, qid: i}
-		s.wg.Add(1)
-		go qs[i].run(ready)
+	ready := make(chan error, cpus*s.entries)
+	var qs []*queue
+	for cpu := range cpus {
+		for range s.entries {
+			q := &queue{s: s, qid: cpu, n: 1}
+			qs = append(qs, q)
+			s.wg.Add(1)
+			go q.run(ready)
+		}
 	}
 	var first error
 	for range qs {
@@ -622,5 +631,6 @@ func (s *Server) startQueues() error {
 		return first
 	}
 	s.queues = qs
+	s.cpus = cpus
 	return nil
 }
