@@ -1,6 +1,7 @@
 package fuseserve
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"runtime"
@@ -204,13 +205,7 @@ func (q *queue) complete(c cqe) {
 		q.live--
 		return
 	}
-	h := q.header(i)
-	in := unsafe.Slice((*byte)(unsafe.Pointer(&q.in)), scratchSize)
-	copy(in[:inHeaderSize], h[hdrInOut:])
-	copy(in[inHeaderSize:], h[hdrOpIn:hdrOpIn+argArea])
-	p := q.payload(i)
-	size := int(*(*uint32)(unsafe.Pointer(&h[hdrPayloadSz])))
-	r := request{in: &q.in, payload: p[:min(size, len(p))], out: p}
+	r := decodeRing(&q.in, q.header(i), q.payload(i))
 	unique := r.header().Unique
 	q.s.ringReqs.Add(1)
 	if q.s.mayBlock(&r) {
@@ -219,6 +214,16 @@ func (q *queue) complete(c cqe) {
 	}
 	n, st := q.s.serve(&r)
 	q.commit(i, unique, st, n)
+}
+
+// decodeRing reads the request in a ring entry's header area h and
+// payload buffer p; in receives its header and first argument.
+func decodeRing(in *[scratchSize / 8]uint64, h, p []byte) request {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(in)), scratchSize)
+	copy(b[:inHeaderSize], h[hdrInOut:])
+	copy(b[inHeaderSize:], h[hdrOpIn:hdrOpIn+argArea])
+	size := int(binary.NativeEndian.Uint32(h[hdrPayloadSz:]))
+	return request{in: in, payload: p[:min(size, len(p))], out: p}
 }
 
 // async serves r on its own goroutine; the answer comes back through

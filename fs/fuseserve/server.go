@@ -1,6 +1,7 @@
 package fuseserve
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -383,30 +384,22 @@ func (s *Server) loop(buf []byte) {
 // INTERRUPTs at once, anything else on its own goroutine (it may block,
 // and the loop must keep reading).
 func (s *Server) devRequest(msg []byte) {
-	r := &request{in: new([scratchSize / 8]uint64)}
-	op := *(*uint32)(unsafe.Pointer(&msg[4]))
-	arg := 0
-	if op < opCount {
-		arg = argSize[op]
-	}
-	if inHeaderSize+arg > len(msg) {
-		arg = len(msg) - inHeaderSize
-	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(r.in)), scratchSize), msg[:inHeaderSize+arg])
+	r, rest := decodeDev(msg)
+	op := r.header().Opcode
 	h := r.header()
 	switch op {
 	case opInterrupt:
 		s.interrupt((*fuse.InterruptIn)(r.arg()).Unique)
 		return
 	case opForget, opBatchForget:
-		r.payload = msg[inHeaderSize+arg:]
+		r.payload = rest
 		dispatch(s.fs, r, s)
 		return
 	case opInit:
 		_ = s.reply(h.Unique, fuse.Status(unix.EPROTO), nil)
 		return
 	}
-	r.payload = append([]byte(nil), msg[inHeaderSize+arg:]...)
+	r.payload = append([]byte(nil), rest...)
 	r.out = make([]byte, replyCap(r))
 	r.cancel = s.interruptible(h.Unique)
 	s.wg.Add(1)
@@ -418,6 +411,21 @@ func (s *Server) devRequest(msg []byte) {
 			s.logf("FUSE reply to opcode %d: %v", h.Opcode, err)
 		}
 	}()
+}
+
+// decodeDev splits a request read from /dev/fuse, where the arguments
+// come back to back, into its header and first argument (copied) and the
+// rest (in msg).
+func decodeDev(msg []byte) (*request, []byte) {
+	r := &request{in: new([scratchSize / 8]uint64)}
+	op := binary.NativeEndian.Uint32(msg[4:])
+	arg := 0
+	if op < opCount {
+		arg = argSize[op]
+	}
+	arg = min(arg, len(msg)-inHeaderSize, argArea)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(r.in)), scratchSize), msg[:inHeaderSize+arg])
+	return r, msg[inHeaderSize+arg:]
 }
 
 // replyCap is how large r's reply body may be.
@@ -577,15 +585,20 @@ func possibleCPUs() (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	return parseCPUList(string(b))
+}
+
+// parseCPUList returns 1 + the highest CPU of a list like "0-3,5".
+func parseCPUList(list string) (int, error) {
 	n := 0
-	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
+	for _, part := range strings.Split(strings.TrimSpace(list), ",") {
 		_, hi, found := strings.Cut(part, "-")
 		if !found {
 			hi = part
 		}
 		h, err := strconv.Atoi(hi)
-		if err != nil {
-			return 0, fmt.Errorf("/sys/devices/system/cpu/possible: %q", b)
+		if err != nil || h < 0 {
+			return 0, fmt.Errorf("CPU list %q: want N or N-M, comma-separated", list)
 		}
 		n = max(n, h+1)
 	}
