@@ -96,6 +96,11 @@ func (w wire) dev() *request {
 func (w wire) ring() *request {
 	h := make([]byte, hdrSize)
 	copy(h[hdrInOut:], w.header(inHeaderSize+len(w.arg)+len(w.rest)))
+	// The kernel writes only the first argument's bytes of op_in: the
+	// rest is whatever an earlier request left there.
+	for i := hdrOpIn; i < hdrOpIn+argArea; i++ {
+		h[i] = 0xff
+	}
 	copy(h[hdrOpIn:], w.arg)
 	binary.NativeEndian.PutUint32(h[hdrPayloadSz:], uint32(len(w.rest)))
 	p := make([]byte, max(w.outCap, len(w.rest)))

@@ -221,7 +221,15 @@ func (q *queue) complete(c cqe) {
 func decodeRing(in *[scratchSize / 8]uint64, h, p []byte) request {
 	b := unsafe.Slice((*byte)(unsafe.Pointer(in)), scratchSize)
 	copy(b[:inHeaderSize], h[hdrInOut:])
-	copy(b[inHeaderSize:], h[hdrOpIn:hdrOpIn+argArea])
+	// op_in holds the first argument's bytes and, past them, whatever an
+	// earlier request left: take the argument's size only, as on
+	// /dev/fuse.
+	arg := argArea
+	if op := binary.NativeEndian.Uint32(h[hdrInOut+4:]); op < opCount {
+		arg = argSize[op]
+	}
+	n := copy(b[inHeaderSize:], h[hdrOpIn:hdrOpIn+arg])
+	clear(b[inHeaderSize+n:])
 	size := int(binary.NativeEndian.Uint32(h[hdrPayloadSz:]))
 	return request{in: in, payload: p[:min(size, len(p))], out: p}
 }
