@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/fs/fuseserve"
 )
 
 // Require skips (or, with KRFS_E2E=required, fails) t unless it can mount
@@ -38,6 +39,17 @@ func Require(t testing.TB) {
 		t.Fatalf("FUSE required (KRFS_E2E=required) but %s", why)
 	}
 	t.Skipf("FUSE unavailable: %s", why)
+}
+
+// RequireURing requires FUSE (see Require) and FUSE over io_uring: the
+// test is skipped when the kernel does not offer it (CI turns it on where
+// it can), and fails when it does but the transport cannot use it.
+func RequireURing(t testing.TB) {
+	t.Helper()
+	Require(t)
+	if ok, why := fuseserve.KernelOffersURing(); !ok {
+		t.Skipf("no FUSE over io_uring: %s", why)
+	}
 }
 
 // Transport is the FUSE transport tests mount with: KRFS_FUSE_TRANSPORT
