@@ -292,6 +292,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 		n.CloseAndDiscard() // a failed mount leaves no region directory behind
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
+	n.SetFuseStats(srv.Stats)
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
 		"meta": n.MetaDesc()}).Info("krfs mounted; serving in the foreground until unmounted or interrupted")
 	notifyReady()

@@ -57,7 +57,9 @@ func (f *fakeFS) Ioctl(cancel <-chan struct{}, in *fuse.IoctlIn, inbuf []byte, o
 	return fuse.OK
 }
 
-func (f *fakeFS) Forget(node, nlookup uint64) { f.forgets = append(f.forgets, [2]uint64{node, nlookup}) }
+func (f *fakeFS) Forget(node, nlookup uint64) {
+	f.forgets = append(f.forgets, [2]uint64{node, nlookup})
+}
 
 type countCopies struct{ n, bytes int }
 

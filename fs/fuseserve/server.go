@@ -67,18 +67,23 @@ type Options struct {
 // Stats count what a server did.
 type Stats struct {
 	// Transport is "io_uring" or "dev".
-	Transport string
+	Transport string `json:"transport"`
 	// Why says why a server that could have used io_uring does not.
-	Why string
+	Why string `json:"why,omitempty"`
 	// Queues and EntriesPerQueue describe the rings (0 on dev).
-	Queues, EntriesPerQueue int
+	Queues          int `json:"queues"`
+	EntriesPerQueue int `json:"entries_per_queue"`
 	// DevRequests came through /dev/fuse; RingRequests through the
 	// rings, RingAsync of them served off the ring's thread (requests
-	// that may block, like a port read).
-	DevRequests, RingRequests, RingAsync uint64
+	// that may block, like a port read). go-fuse's server (the dev
+	// transport) counts none.
+	DevRequests  uint64 `json:"dev_requests"`
+	RingRequests uint64 `json:"ring_requests"`
+	RingAsync    uint64 `json:"ring_async"`
 	// FallbackCopies counts READ replies whose data did not land in the
 	// reply buffer and was copied there; FallbackBytes their bytes.
-	FallbackCopies, FallbackBytes uint64
+	FallbackCopies uint64 `json:"fallback_copies"`
+	FallbackBytes  uint64 `json:"fallback_bytes"`
 }
 
 // Server serves one FUSE mount.
