@@ -148,6 +148,7 @@ func (r *ring) sqe() []byte {
 
 // enter publishes the queued SQEs and, with wait, blocks until a
 // completion is there. A signal (Go preempts locked threads) retries.
+// SQEs the kernel did not take yet stay queued for the next call.
 func (r *ring) enter(wait bool) error {
 	atomic.StoreUint32(r.sqTail, r.tail)
 	var flags, minDone uintptr
@@ -155,17 +156,15 @@ func (r *ring) enter(wait bool) error {
 		flags, minDone = enterGetEvents, 1
 	}
 	for {
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.pending), minDone, flags, 0, 0)
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.pending), minDone, flags, 0, 0)
+		r.pending = r.tail - atomic.LoadUint32(r.sqHead)
 		if errno == syscall.EINTR {
 			continue
 		}
 		if errno != 0 {
 			return errno
 		}
-		r.pending -= uint32(n)
-		if r.pending == 0 || !wait {
-			return nil
-		}
+		return nil
 	}
 }
 

@@ -29,7 +29,7 @@ const (
 )
 
 // DefaultRingBytes is Options.RingBytes when left zero.
-const DefaultRingBytes = 32 << 20
+const DefaultRingBytes = 16 << 20
 
 // MaxEntriesPerQueue and MinEntriesPerQueue bound the entries of a queue
 // that Options.RingBytes sizes (see entriesPerQueue).
