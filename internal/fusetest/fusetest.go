@@ -42,12 +42,15 @@ func Require(t testing.TB) {
 }
 
 // RequireURing requires FUSE (see Require) and FUSE over io_uring: the
-// test is skipped when the kernel does not offer it (CI turns it on where
-// it can), and fails when it does but the transport cannot use it.
+// test is skipped when the kernel has none; with KRFS_E2E=required it
+// fails when the kernel has it but it is off (CI turns it on).
 func RequireURing(t testing.TB) {
 	t.Helper()
 	Require(t)
 	if ok, why := fuseserve.KernelOffersURing(); !ok {
+		if _, err := os.Stat("/sys/module/fuse/parameters/enable_uring"); err == nil && os.Getenv("KRFS_E2E") == "required" {
+			t.Fatalf("FUSE over io_uring required (KRFS_E2E=required) but %s", why)
+		}
 		t.Skipf("no FUSE over io_uring: %s", why)
 	}
 }
