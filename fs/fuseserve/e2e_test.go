@@ -171,7 +171,7 @@ func TestKill9WithRequestsInFlight(t *testing.T) {
 	if err := unix.Unmount(mnt, 0); err != nil {
 		t.Fatalf("unmount of the dead mount: %v", err)
 	}
-	daemon = startDaemon(t, mnt)
+	startDaemon(t, mnt) // killed at cleanup
 	if b, err := os.ReadFile(filepath.Join(mnt, "fast")); err != nil || len(b) != 4096 {
 		t.Errorf("read after remount: %d bytes, %v", len(b), err)
 	}

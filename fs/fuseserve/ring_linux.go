@@ -190,7 +190,7 @@ func (r *ring) close() {
 	if r.sqes != nil {
 		_ = unix.Munmap(r.sqes)
 	}
-	if r.cqMem != nil && len(r.cqMem) > 0 && &r.cqMem[0] != &r.sqMem[0] {
+	if len(r.cqMem) > 0 && len(r.sqMem) > 0 && &r.cqMem[0] != &r.sqMem[0] {
 		_ = unix.Munmap(r.cqMem)
 	}
 	if r.sqMem != nil {
