@@ -152,7 +152,9 @@ func dispatch(fs fuse.RawFileSystem, r *request, c counters) (n int, st fuse.Sta
 		cnt := min(int(in.Count), len(r.payload)/int(unsafe.Sizeof(forgetOne{})))
 		for i := range cnt {
 			f := (*forgetOne)(unsafe.Pointer(&r.payload[i*int(unsafe.Sizeof(forgetOne{}))]))
-			fs.Forget(f.NodeID, f.Nlookup)
+			if f.NodeID != pollHackNode {
+				fs.Forget(f.NodeID, f.Nlookup)
+			}
 		}
 		return 0, fuse.OK, true
 	case opGetattr:
