@@ -105,3 +105,13 @@ type Port interface {
 	// Close unbinds the port.
 	Close() error
 }
+
+// CapacityReporter is implemented by a backend that knows how much memory
+// its regions may use; statfs (df) reports it. Without it, statfs reports
+// the regions' sizes as both the capacity and the use.
+type CapacityReporter interface {
+	// Capacity: the bytes regions may occupy in all (the region store's
+	// filesystem), the bytes still free there, and the count of regions
+	// the node may hold.
+	Capacity() (total, free int64, maxRegions int, err error)
+}

@@ -29,14 +29,28 @@
 //
 // A read at or past the end returns 0 and a read across it is short. A
 // write across the end writes every byte in range and reports that count;
-// the next write, at the end, fails with EFBIG. A read that fails returns
-// an error, never part of its bytes, so a short read always means the end
-// of the region. A write that fails reports the prefix known to have
-// landed, or the error if none did. The kernel splits a transfer into
-// FUSE requests of at most MaxIO bytes (fewer when the caller's buffer is
-// not page-aligned) and, when a later request fails, returns the bytes of
-// the requests before it: exactly the prefix that was transferred; the
-// next call at the following offset returns the error.
+// the next write, at the end, fails with EFBIG. A FUSE read request that
+// fails returns an error, never part of its bytes. A write that fails
+// reports the prefix known to have landed, or the error if none did. The
+// kernel splits a transfer into FUSE requests of at most MaxIO bytes
+// (fewer when the caller's buffer is not page-aligned) and, when a later
+// request fails, returns the bytes of the requests before it: exactly the
+// prefix that was transferred; the next call at the following offset
+// returns the error. So a short read means the end of the region unless
+// the call spanned more than one request (more than MaxIO bytes, or more
+// than 256 pages of the caller's buffer).
+//
+// Times: a local region's mtime and ctime move on writes, resizes and
+// atomics through the mount, and utimensat sets them; a peer's region
+// shows its last write through this node (utimensat: EPERM); see
+// fileTimes. statfs reports the region store's capacity (a
+// CapacityReporter backend) and the regions' sizes as used.
+//
+// fsync and fdatasync succeed on every file and directory: a write is
+// complete when write() returns. mmap MAP_SHARED fails with ENODEV (the
+// kernel's answer for a direct_io file; the daemon never sees the call);
+// MAP_PRIVATE is the kernel's to allow, and reads each page from the
+// region when it is first touched.
 //
 // Errors come back as errno: EIO for a remote failure, ETIMEDOUT for an
 // operation that did not complete within Options.Timeout's bound (for an
@@ -45,7 +59,9 @@
 // peer declared down on evidence of death (see qpcore's "Timeouts and
 // liveness") or an unreachable meta service, EPROTO for a peer on another
 // transport (softnic and rdma nodes cannot reach each other), ENOENT for
-// an unknown gid, region or port, EACCES for a permission, EINVAL for bad alignment or arguments, EROFS for any change to the
+// an unknown gid, region or port, ESTALE for a peer that changed again
+// while an operation refused by its restart was retried (see "Peers
+// change"), EACCES for a permission, EINVAL for bad alignment or arguments, EROFS for any change to the
 // entries of peers/ (or the root), which mirror the cluster. Every remote
 // operation ends within qpcore's PeerTimeout (krfs's --timeout) plus a
 // housekeeping tick; Options.Timeout, which krfs sets to --timeout + 1 s,
@@ -61,9 +77,10 @@
 // the size from such a copy. An open descriptor follows the region: a
 // read or write at or past the end as last seen reads the directory
 // again (a grown region's new bytes are read; at the new end a read
-// returns 0), and an operation that fails because the region changed (a
-// new rkey, a new size, removed) reads the directory again and is retried
-// once. A removed region is ENOENT; once it is back under the same name,
+// returns 0), and an operation (read, write or atomic) that fails because
+// the region changed (a new rkey, a new size, removed: a peer that
+// restarted) reads the directory again and is retried once, by one rule
+// for every region (retryStale). A removed region is ENOENT; once it is back under the same name,
 // the same descriptor works again.
 //
 // peers/<gid>/mem of a peer just looked up is described by the peer's
@@ -76,6 +93,12 @@
 // carries no owner is stat'ed from its directory as above. The names that
 // cannot change meaning (the root's children; mem, mr, ports and info
 // under a peer) are given to the kernel for an hour (attributes: 1 s).
+// peers/<gid> of a node the meta service lists is given for 10 s.
+//
+// peers/<gid> of a node the meta service no longer has is ENOENT once
+// the kernel's 1 s entry is due and the meta client's cached entry is gone
+// (dropped by a listing that lacks the node, else its TTL), though this
+// node still holds the peer's metadata (Backend.PeerInfo decides).
 //
 // With the meta service unreachable, ls peers shows the last list it
 // gave, and peers this node knows (their metadata is cached) keep
@@ -86,14 +109,25 @@
 //
 // regions/<name> is a file of the region's size. Create makes an empty
 // region, listed at once; O_TRUNC and truncate resize it; a write past
-// the end grows it (a resize registers it again: peers see the new size
-// and rkey), up to Options.MaxRegionSize, beyond which a write or
-// truncate fails with EFBIG. The default region mem keeps its size. The
-// backend refuses a region past its count limit (ENOSPC) or with a bad
-// name (EINVAL: 1-32 characters of [A-Za-z0-9._-]); the refusal is
-// logged through Options.Logf and leaves nothing behind.
+// the end grows it, as do fallocate (mode 0) and O_APPEND (a resize
+// registers it again: peers see the new size and rkey), up to
+// Options.MaxRegionSize, beyond which a write or truncate fails with
+// EFBIG. The default region mem and peers' regions keep their size: a
+// truncation to 0 (O_TRUNC) is ignored, another resize is EPERM, O_APPEND
+// is EINVAL, fallocate past the end EFBIG. fallocate modes other than 0
+// are EOPNOTSUPP; link, symlink, mknod and mkdir in regions/ are EPERM.
+// The backend refuses a region past its count limit (ENOSPC) or with a bad
+// name (EINVAL: 1-32 characters of [A-Za-z0-9._-]); the refusal is logged
+// through Options.Logf and leaves nothing behind (a region created empty
+// by the descriptor whose resize was refused is removed again).
 //
 // # Ports
+//
+// ports/<port> belongs to the user that bound it, mode 0600 (chmod and
+// chown as on regions); peers/<gid>/ports/<port> has the owner and the
+// write bits of peers/<gid>/mem, so sending follows the rule for writing
+// the peer's memory. stats.json leaves rkeys out for callers other than
+// root.
 //
 // Each port queues a bounded number of messages (the backend's depth); a
 // write to a full port retries until the mount's timeout and then fails
@@ -104,6 +138,11 @@
 // so the write returns without waiting for a reader.
 // poll and select cannot wait for a message: go-fuse v2.12.1 answers
 // FUSE_POLL with ENOSYS, so the kernel reports port files always ready.
+// (A FUSE transport that answers FUSE_POLL would wake pollers through the
+// mount's notifier.) A port is a regular file, not a FIFO: the kernel
+// serves FIFO inodes of a FUSE mount as local pipes. Reads block, so a
+// tool that reads to an end of file first (tail -f without -n +1) waits
+// for ever; a message is consumed only when a read returns it.
 // Tree walkers must skip ports/ (a read waits for, and consumes, a
 // message); ports/ lists only bound ports and peers/<gid>/ports/ lists
 // nothing, so a walk of a node that bound no port meets none.

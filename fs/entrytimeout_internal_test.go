@@ -43,10 +43,10 @@ func (stubConn) Close() error { return nil }
 
 // TestFixedNamesLongEntryTimeout: the names that cannot change meaning
 // (the root's children, a peer's mem, mr, ports, info) are answered with
-// an entry timeout of fixedEntryTimeout and their attributes; a name that
-// can (peers/<gid>) and a fixed child whose attributes could not be had
-// keep the mount's short timeout (0 here: go-fuse fills it in), and no
-// attribute timeout is lengthened.
+// an entry timeout of fixedEntryTimeout and their attributes; a live
+// peers/<gid> gets peerEntryTimeout; a fixed child whose attributes could
+// not be had keeps the mount's short timeout (0 here: go-fuse fills it
+// in), and no attribute timeout is lengthened.
 func TestFixedNamesLongEntryTimeout(t *testing.T) {
 	b := &stubBackend{}
 	r := newRoot(b, Options{Timeout: time.Second})
@@ -77,8 +77,8 @@ func TestFixedNamesLongEntryTimeout(t *testing.T) {
 
 	peers, _ := lookup(r, "peers")
 	peer, out7 := lookup(peers.Operations().(gofs.NodeLookuper), "7")
-	if out7.EntryTimeout() != 0 {
-		t.Fatalf("peers/7: entry timeout %v, want the mount's", out7.EntryTimeout())
+	if out7.EntryTimeout() != peerEntryTimeout {
+		t.Fatalf("peers/7: entry timeout %v, want %v", out7.EntryTimeout(), peerEntryTimeout)
 	}
 	pd := peer.Operations().(gofs.NodeLookuper)
 	mem, outMem := lookup(pd, "mem")

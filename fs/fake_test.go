@@ -29,6 +29,17 @@ type fakeBackend struct {
 	// fault, if set, runs instead of a remote ReadAt or WriteAt (write
 	// tells which) of a peer region; do performs the real transfer.
 	fault func(write bool, p []byte, off int64, do func(p []byte, off int64) (int, error)) (int, error)
+	// refuseAbove, if set, makes Export refuse a size above it with
+	// ENOSPC (a region the store cannot hold).
+	refuseAbove int64
+	// stale, if set, makes that many next operations (read, write,
+	// atomic) on any peer region fail with EIO, as a peer refuses a stale
+	// rkey after a restart; Regions calls counts directory reads.
+	stale    int
+	dirReads int
+	// staleDir makes that many next directory reads fail with EIO (a
+	// peer back from a restart refusing its old directory key).
+	staleDir int
 }
 
 type fakeRegion struct {
@@ -100,6 +111,9 @@ func (f *fakeBackend) Export(name string, size int64, mode, uid, gid uint32) (fs
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rs := f.peers[f.self]
+	if f.refuseAbove > 0 && size > f.refuseAbove {
+		return fs.Region{}, syscall.ENOSPC
+	}
 	if r := rs[name]; r != nil {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -161,7 +175,7 @@ func (f *fakeBackend) Stats(w io.Writer, json bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if json {
-		_, err := fmt.Fprintf(w, "{\"connects\": %d}\n", f.connect)
+		_, err := fmt.Fprintf(w, "{\"connects\": %d, \"Regions\": [{\"name\": \"mem\", \"rkey\": 4660}]}\n", f.connect)
 		return err
 	}
 	_, err := fmt.Fprintf(w, "connects %d\n", f.connect)
@@ -235,6 +249,10 @@ func (c *fakeConn) region(name string) (*fakeRegion, error) {
 	if c.f.down[c.gid] {
 		return nil, syscall.EHOSTDOWN
 	}
+	if c.f.stale > 0 {
+		c.f.stale--
+		return nil, syscall.EIO
+	}
 	r := c.f.peers[c.gid][name]
 	if r == nil {
 		return nil, syscall.ENOENT
@@ -245,6 +263,11 @@ func (c *fakeConn) region(name string) (*fakeRegion, error) {
 func (c *fakeConn) Regions(ctx context.Context) ([]fs.Region, error) {
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
+	c.f.dirReads++
+	if c.f.staleDir > 0 {
+		c.f.staleDir--
+		return nil, syscall.EIO
+	}
 	if c.f.down[c.gid] {
 		return nil, syscall.EHOSTDOWN
 	}
@@ -359,4 +382,9 @@ func (p *fakePort) Close() error {
 	delete(p.f.ports, p.num)
 	p.f.mu.Unlock()
 	return nil
+}
+
+// Capacity: a store of 64 MiB with 60 MiB free, 50 regions.
+func (f *fakeBackend) Capacity() (total, free int64, maxRegions int, err error) {
+	return 64 << 20, 60 << 20, 50, nil
 }

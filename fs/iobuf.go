@@ -3,12 +3,11 @@ package fs
 import (
 	"fmt"
 	"math/bits"
+	"os"
 	"sync"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-
-	"github.com/krfs/krfs/verbs"
 )
 
 // The filesystem's I/O buffers.
@@ -63,6 +62,15 @@ type IOBufferStats struct {
 	Overflows uint64 // requests that found no free block (served elsewhere)
 }
 
+// pageAligned returns n zeroed bytes that start on a page boundary (as
+// verbs.PageAligned does; fs imports nothing of krfs).
+func pageAligned(n int) []byte {
+	page := os.Getpagesize()
+	b := make([]byte, n+page-1)
+	off := (page - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(page))) % page
+	return b[off : off+n : off+n]
+}
+
 // NewIOBuffers returns a pool of size bytes, rounded down to a multiple of
 // MaxIO (at least MaxIO).
 func NewIOBuffers(size int) *IOBuffers {
@@ -70,7 +78,7 @@ func NewIOBuffers(size int) *IOBuffers {
 	// Page-aligned, so that every block starts on a page too: an MR
 	// over the slab is then zero-based (verbs.MR.IOVA 0) and a block is
 	// never split across more pages than its size needs.
-	p := &IOBuffers{slab: verbs.PageAligned(size), held: make([]uint8, size>>ioMinShift)}
+	p := &IOBuffers{slab: pageAligned(size), held: make([]uint8, size>>ioMinShift)}
 	for o := range p.free {
 		p.free[o] = make([]uint64, (size>>(ioMinShift+o)+63)/64)
 	}

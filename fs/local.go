@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"sync"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -15,6 +17,7 @@ import (
 // its end sets the size, removing it unexports it.
 type regionsDir struct {
 	gofs.Inode
+	syncNode
 	m *mount
 }
 
@@ -41,6 +44,7 @@ func (d *regionsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 		return nil, errno(err)
 	}
 	fillLocal(&out.Attr, r.Info())
+	d.m.times.localTimes(name).fill(&out.Attr)
 	return d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -58,13 +62,20 @@ func (d *regionsDir) Create(ctx context.Context, name string, flags uint32, mode
 		d.m.logf("regions/%s: create: %v", name, err)
 		return nil, nil, 0, errno(err)
 	}
+	t := d.m.times.localTimes(name)
+	t.written(time.Now())
 	fillLocal(&out.Attr, r)
+	t.fill(&out.Attr)
 	n := d.NewInode(ctx, &localRegionFile{m: d.m, name: name}, gofs.StableAttr{Mode: syscall.S_IFREG})
-	return n, &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO, 0
+	return n, &localHandle{writable: openedForWriting(flags), created: true}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (d *regionsDir) Unlink(ctx context.Context, name string) syscall.Errno {
-	return errno(d.m.b.Unexport(name))
+	if err := d.m.b.Unexport(name); err != nil {
+		return errno(err)
+	}
+	d.m.times.dropLocal(name)
+	return 0
 }
 
 func fillLocal(a *fuse.Attr, r Region) {
@@ -76,6 +87,7 @@ func fillLocal(a *fuse.Attr, r Region) {
 // localRegionFile is regions/<name>: the region in this node's memory.
 type localRegionFile struct {
 	gofs.Inode
+	syncNode
 	m    *mount
 	name string
 }
@@ -103,6 +115,7 @@ func (f *localRegionFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *
 		return e
 	}
 	fillLocal(&out.Attr, r.Info())
+	f.m.times.localTimes(f.name).fill(&out.Attr)
 	return 0
 }
 
@@ -121,6 +134,7 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 		if err := r.Chmod(mode & 0o7777); err != nil {
 			return errno(err)
 		}
+		f.m.times.localTimes(f.name).changed(time.Now())
 	}
 	uid, uok := in.GetUID()
 	gid, gok := in.GetGID()
@@ -137,6 +151,7 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 		if err := r.Chown(uid, gid); err != nil {
 			return errno(err)
 		}
+		f.m.times.localTimes(f.name).changed(time.Now())
 	}
 	if sz, ok := in.GetSize(); ok && int64(sz) != info.Size {
 		if f.name == "mem" {
@@ -148,24 +163,55 @@ func (f *localRegionFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *f
 			}
 			return syscall.EPERM
 		}
-		if int64(sz) > f.m.o.MaxRegionSize {
-			return syscall.EFBIG
-		}
-		if _, err := f.m.b.Export(f.name, int64(sz), info.Mode, info.UID, info.GID); err != nil {
-			f.m.logf("regions/%s: resize to %d bytes: %v", f.name, sz, err)
-			return errno(err)
+		if e := f.resize(fh, info, int64(sz), "resize"); e != 0 {
+			return e
 		}
 	}
+	// utimensat (touch, rsync -t); the kernel checked who may.
+	f.m.times.localTimes(f.name).set(in, time.Now())
 	return f.Getattr(ctx, fh, out)
 }
 
 // localHandle is an open regions/<name>: whether it was opened for
-// writing (atomics need that).
-type localHandle struct{ writable bool }
+// writing (atomics need that) and whether its open created the region.
+type localHandle struct {
+	writable bool
+	created  bool // by this descriptor's open (O_CREAT of a new name)
+}
+
+// resize sets the region's size (truncate, a write or fallocate past the
+// end: why), up to Options.MaxRegionSize (EFBIG beyond it). A refused
+// resize of a region that this descriptor created and that is still empty
+// removes the region again (truncate -s 30G regions/new that the node
+// cannot hold leaves nothing behind); any other refused resize keeps the
+// region as it was (the backend's promise).
+func (f *localRegionFile) resize(fh gofs.FileHandle, info Region, size int64, why string) syscall.Errno {
+	err := error(syscall.EFBIG)
+	if size <= f.m.o.MaxRegionSize {
+		_, err = f.m.b.Export(f.name, size, info.Mode, info.UID, info.GID)
+		if err == nil {
+			f.m.times.localTimes(f.name).written(time.Now())
+			return 0
+		}
+	}
+	f.m.logf("regions/%s: %s to %d bytes: %v", f.name, why, size, err)
+	if h, ok := fh.(*localHandle); ok && h.created && info.Size == 0 {
+		f.m.times.dropLocal(f.name)
+		if uerr := f.m.b.Unexport(f.name); uerr != nil {
+			f.m.logf("regions/%s: removing the region this refused %s created: %v", f.name, why, uerr)
+		} else if _, dir := f.Parent(); dir != nil {
+			f.m.forget(dir, f.name)
+		}
+	}
+	return errno(err)
+}
 
 func (f *localRegionFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if _, e := f.region(); e != 0 {
 		return nil, 0, e
+	}
+	if flags&syscall.O_APPEND != 0 && f.name == "mem" {
+		return nil, 0, syscall.EINVAL // a fixed size: nothing can be appended
 	}
 	return &localHandle{writable: openedForWriting(flags)}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
@@ -206,10 +252,8 @@ func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []
 		if off >= f.m.o.MaxRegionSize {
 			return 0, syscall.EFBIG
 		}
-		grown := min(end, f.m.o.MaxRegionSize)
-		if _, err := f.m.b.Export(f.name, grown, info.Mode, info.UID, info.GID); err != nil {
-			f.m.logf("regions/%s: grow to %d bytes: %v", f.name, grown, err)
-			return 0, errno(err)
+		if e := f.resize(fh, info, min(end, f.m.o.MaxRegionSize), "grow"); e != 0 {
+			return 0, e
 		}
 		if r, e = f.region(); e != 0 {
 			return 0, e
@@ -221,6 +265,9 @@ func (f *localRegionFile) Write(ctx context.Context, fh gofs.FileHandle, data []
 		return 0, e
 	}
 	n, err := r.WriteAt(data, off)
+	if n > 0 {
+		f.m.times.localTimes(f.name).written(time.Now())
+	}
 	return writeResult(n, len(data), err)
 }
 
@@ -233,6 +280,7 @@ func (f *localRegionFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uin
 		return 0, e
 	}
 	size := r.Info().Size
+	f.m.times.localTimes(f.name).written(time.Now())
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
 			if off+8 > size {
@@ -253,6 +301,7 @@ func (f *localRegionFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uin
 // unbinds.
 type portsDir struct {
 	gofs.Inode
+	syncNode
 	m *mount
 }
 
@@ -274,7 +323,28 @@ func (d *portsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 	return gofs.NewListDirStream(ents), 0
 }
 
-func (d *portsDir) port(name string) (Port, uint32, syscall.Errno) {
+// boundPort is a port bound through ports/: the backend's port and the
+// file's owner, mode and times. The binder owns it, 0600: only the binder
+// (and root) reads its messages until chmod or chown says otherwise (the
+// kernel checks, under --default-permissions).
+type boundPort struct {
+	Port
+	times fileTimes
+
+	mu       sync.Mutex // guards mode, uid, gid
+	mode     uint32
+	uid, gid uint32
+}
+
+func (p *boundPort) fill(a *fuse.Attr) {
+	p.mu.Lock()
+	a.Mode = syscall.S_IFREG | p.mode
+	a.Uid, a.Gid = p.uid, p.gid
+	p.mu.Unlock()
+	p.times.fill(a)
+}
+
+func (d *portsDir) port(name string) (*boundPort, uint32, syscall.Errno) {
 	p, ok := parseUint(name)
 	if !ok {
 		return nil, 0, syscall.ENOENT
@@ -292,7 +362,7 @@ func (d *portsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if e != 0 {
 		return nil, e
 	}
-	out.Mode = syscall.S_IFREG | 0o444
+	port.fill(&out.Attr)
 	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -310,9 +380,14 @@ func (d *portsDir) bind(ctx context.Context, name string, out *fuse.EntryOut) (*
 	if err != nil {
 		return nil, errno(err)
 	}
-	d.m.ports[p] = port
-	out.Mode = syscall.S_IFREG | 0o444
-	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+	bp := &boundPort{Port: port, mode: 0o600}
+	if caller, ok := fuse.FromContext(ctx); ok && caller != nil {
+		bp.uid, bp.gid = caller.Uid, caller.Gid
+	}
+	bp.times.written(time.Now())
+	d.m.ports[p] = bp
+	bp.fill(&out.Attr)
+	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: bp}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
 func (d *portsDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
@@ -345,9 +420,10 @@ func (d *portsDir) Unlink(ctx context.Context, name string) syscall.Errno {
 // localPortFile is ports/<port>.
 type localPortFile struct {
 	gofs.Inode
+	syncNode
 	m    *mount
 	num  uint32
-	port Port
+	port *boundPort
 }
 
 var (
@@ -357,15 +433,41 @@ var (
 	_ = (gofs.NodeSetattrer)((*localPortFile)(nil))
 )
 
-// Setattr accepts and ignores times and truncation, so that touch and
-// shell redirections work on a port.
+// Setattr: chmod (the owner or root) and chown (root) as on regions;
+// utimensat sets the times; a truncation (a shell redirection) is ignored.
 func (f *localPortFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
-	return 0
+	p := f.port
+	caller, _ := fuse.FromContext(ctx)
+	root := caller == nil || caller.Uid == 0
+	p.mu.Lock()
+	owner := root || caller.Uid == p.uid
+	mode, mok := in.GetMode()
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	switch {
+	case mok && !owner, (uok || gok) && !root:
+		p.mu.Unlock()
+		return syscall.EPERM
+	}
+	if mok {
+		p.mode = mode & 0o7777
+	}
+	if uok {
+		p.uid = uid
+	}
+	if gok {
+		p.gid = gid
+	}
+	p.mu.Unlock()
+	if mok || uok || gok {
+		p.times.changed(time.Now())
+	}
+	p.times.set(in, time.Now())
+	return f.Getattr(ctx, fh, out)
 }
 
 func (f *localPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
+	f.port.fill(&out.Attr)
 	return 0
 }
 

@@ -20,10 +20,14 @@ type mount struct {
 	o  Options
 	io *IOBuffers // registered with b (a BufferRegistrar); nil: none
 
-	mu    sync.Mutex      // guards ports
-	ports map[uint32]Port // bound through ports/
+	mu    sync.Mutex            // guards ports
+	ports map[uint32]*boundPort // bound through ports/
 
 	dl deadlines // the data path's contexts
+
+	notifier notifier // nil: goFuseNotifier
+
+	times timesTable // regions' times
 }
 
 // unmounted releases what the mount holds once no request can come: the
@@ -60,6 +64,7 @@ func (m *mount) ctx(parent context.Context) (context.Context, context.CancelFunc
 // root is the mount's root directory.
 type root struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m *mount
 }
@@ -78,9 +83,19 @@ var (
 // after the last one paid a LOOKUP of peers and one of mem per peer (the
 // latter a Getattr: a meta lookup or directory READ when the peer is not
 // cached). Attributes keep the mount's short timeout: a region's size,
-// mode and owner change. peers/<gid> keeps the short entry timeout too:
-// a gid's node can leave, and the name must then stop resolving.
+// mode and owner change. peers/<gid> of a node the meta service lists
+// gets peerEntryTimeout: a gid's node can leave, and the name must then
+// stop resolving within that time (an open of its files fails at once);
+// one answered from the last known list (meta service unreachable) keeps
+// the mount's.
 const fixedEntryTimeout = time.Hour
+
+// peerEntryTimeout is the entry timeout of a live peers/<gid>. The
+// meta client already answers a lookup from its DCCache (up to its TTL,
+// 30 s by default); 1 s made every RACE bootstrap whose process came
+// more than a second after the last one pay a LOOKUP per memory node
+// (4 of 15 FUSE requests with 4 nodes).
+const peerEntryTimeout = 10 * time.Second
 
 // lookupFixed answers a LOOKUP of one of dir's fixed children (added in
 // OnAdd) as go-fuse would, with the child's attributes, but with an
@@ -108,7 +123,7 @@ func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 }
 
 func newRoot(b Backend, o Options) *root {
-	return &root{m: &mount{b: b, o: o, ports: map[uint32]Port{}, dl: deadlines{timeout: o.Timeout, now: time.Now}}}
+	return &root{m: &mount{b: b, o: o, ports: map[uint32]*boundPort{}, dl: deadlines{timeout: o.Timeout, now: time.Now}}}
 }
 
 func (r *root) OnAdd(ctx context.Context) {
@@ -119,8 +134,8 @@ func (r *root) OnAdd(ctx context.Context) {
 	add("peers", &peersDir{m: m}, syscall.S_IFDIR)
 	add("regions", &regionsDir{m: m}, syscall.S_IFDIR)
 	add("ports", &portsDir{m: m}, syscall.S_IFDIR)
-	add("stats", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, false) }}, syscall.S_IFREG)
-	add("stats.json", &textFile{render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
+	add("stats", &textFile{m: m, render: func(w *bytes.Buffer) error { return m.b.Stats(w, false) }}, syscall.S_IFREG)
+	add("stats.json", &textFile{m: m, redact: true, render: func(w *bytes.Buffer) error { return m.b.Stats(w, true) }}, syscall.S_IFREG)
 }
 
 // How fresh the files under peers/<gid>/ are. A listing of mr/ reads the
@@ -179,6 +194,7 @@ func freshRegion(ctx context.Context, conn Conn, name string, maxAge time.Durati
 // reachable by name (their metadata is cached below).
 type peersDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m *mount
 
@@ -238,10 +254,14 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	c, cancel := d.m.ctx(ctx)
 	defer cancel()
-	if _, err := d.m.b.PeerInfo(c, gid); err != nil && !(unavailable(err) && d.lastKnown(gid)) {
+	_, err := d.m.b.PeerInfo(c, gid)
+	if err != nil && !(unavailable(err) && d.lastKnown(gid)) {
 		return nil, errno(err)
 	}
 	out.Mode = syscall.S_IFDIR | 0o755
+	if err == nil {
+		out.SetEntryTimeout(peerEntryTimeout)
+	}
 	// The same inode as long as the kernel holds it: a new one at every
 	// revalidation (an entry times out after 1 s) would change the
 	// dentry's node id, which makes the kernel drop it and look the name
@@ -257,6 +277,7 @@ func (d *peersDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // peerDir is peers/<gid>/: mem, mr/, ports/, info.
 type peerDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m   *mount
 	gid uint32
@@ -279,7 +300,7 @@ func (d *peerDir) OnAdd(ctx context.Context) {
 	add("mem", &remoteFile{m: d.m, gid: d.gid, region: "mem"}, syscall.S_IFREG)
 	add("mr", &peerMRDir{m: d.m, gid: d.gid}, syscall.S_IFDIR)
 	add("ports", &peerPortsDir{m: d.m, gid: d.gid}, syscall.S_IFDIR)
-	add("info", &textFile{render: func(w *bytes.Buffer) error {
+	add("info", &textFile{m: d.m, render: func(w *bytes.Buffer) error {
 		c, cancel := d.m.ctx(context.Background())
 		defer cancel()
 		s, err := d.m.b.PeerInfo(c, d.gid)
@@ -291,6 +312,7 @@ func (d *peerDir) OnAdd(ctx context.Context) {
 // peerMRDir lists a peer's exported regions.
 type peerMRDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m   *mount
 	gid uint32
@@ -317,6 +339,12 @@ func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 	var rs []Region
 	err := d.withConn(ctx, func(c context.Context, conn Conn) (err error) {
 		rs, err = freshRegions(c, conn, 0)
+		if staleErr(err) {
+			// The stale-region rule (retryStale), for the directory
+			// itself: a peer back from a restart or an outage refuses
+			// the directory READ of its old incarnation once.
+			rs, err = freshRegions(c, conn, 0)
+		}
 		return err
 	})
 	if err != nil {
@@ -338,6 +366,8 @@ func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		r, err = freshRegion(c, conn, name, peerFresh)
 		if errno(err) == syscall.ENOENT {
 			r, err = freshRegion(c, conn, name, peerMissRefresh)
+		} else if staleErr(err) {
+			r, err = freshRegion(c, conn, name, 0) // as in Readdir
 		}
 		return err
 	})
@@ -346,12 +376,14 @@ func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	}
 	f := &remoteFile{m: d.m, gid: d.gid, region: name}
 	f.fill(&out.Attr, r)
+	d.m.times.peerTimes(d.gid, name).fill(&out.Attr)
 	return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
 // remoteFile is a peer's region; each open is one virtual QP.
 type remoteFile struct {
 	gofs.Inode
+	syncNode
 	m      *mount
 	gid    uint32
 	region string
@@ -372,6 +404,7 @@ var (
 // change) and whether it was opened for writing (atomics need that).
 type remoteHandle struct {
 	conn     Conn
+	times    *fileTimes // the region's, moved by writes and atomics
 	size     atomic.Int64
 	writable bool
 }
@@ -384,6 +417,31 @@ func (h *remoteHandle) refresh(ctx context.Context, region string, maxAge time.D
 		return err
 	}
 	h.size.Store(r.Size)
+	return nil
+}
+
+// The stale-region retry rule, the one place that has it: an operation on
+// a peer's region (a read, a write, an atomic) that fails because the
+// region may have changed under the handle (staleErr: the peer restarted
+// or re-registered the region: a new rkey, a new size, removed) reads the
+// peer's directory again (refresh, one re-lookup: qpcore looks the peer
+// itself up again when its keys changed) and runs once more. A second
+// failure is returned as it is. Such a failure means the operation did not
+// act (the peer refused it, or it was never sent), so an atomic is retried
+// by the same rule; an atomic whose outcome is unknown fails with
+// ETIMEDOUT, which is never retried.
+//
+// retryStale runs op(0) and, if it reports a stale failure, refreshes the
+// handle's view of region and runs op(1). It returns the refresh's error,
+// if that failed (op's outcome is then the first failure's).
+func (h *remoteHandle) retryStale(ctx context.Context, region string, op func(try int) (stale bool)) error {
+	if !op(0) {
+		return nil
+	}
+	if err := h.refresh(ctx, region, 0); err != nil {
+		return err
+	}
+	op(1)
 	return nil
 }
 
@@ -430,11 +488,14 @@ func (f *remoteFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.
 		h.size.Store(r.Size)
 	}
 	f.fill(&out.Attr, r)
+	f.m.times.peerTimes(f.gid, f.region).fill(&out.Attr)
 	return 0
 }
 
-// Setattr accepts only a size equal to the region's (so O_TRUNC of a shell
-// redirection is harmless) and ignores times.
+// Setattr accepts only a size equal to the region's or 0 (so O_TRUNC of a
+// shell redirection is harmless: ignored, with the times it carries);
+// anything else (a resize, chmod, chown, utimensat) is EPERM: a peer's
+// region is the peer's.
 func (f *remoteFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if _, ok := in.GetMode(); ok {
 		return syscall.EPERM
@@ -442,26 +503,38 @@ func (f *remoteFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.S
 	if _, ok := in.GetUID(); ok {
 		return syscall.EPERM
 	}
-	if sz, ok := in.GetSize(); ok {
+	if _, ok := in.GetGID(); ok {
+		return syscall.EPERM
+	}
+	sz, sizeOK := in.GetSize()
+	_, aok := in.GetATime()
+	_, mok := in.GetMTime()
+	if (aok || mok) && !sizeOK {
+		return syscall.EPERM
+	}
+	if sizeOK {
 		var cur fuse.AttrOut
 		if e := f.Getattr(ctx, fh, &cur); e != 0 {
 			return e
 		}
 		if sz != cur.Size && sz != 0 {
-			return syscall.EINVAL
+			return syscall.EPERM // a peer's region keeps its size
 		}
 	}
 	return f.Getattr(ctx, fh, out)
 }
 
 func (f *remoteFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_APPEND != 0 {
+		return nil, 0, syscall.EINVAL // a fixed size: nothing can be appended
+	}
 	c, cancel := f.m.ctx(ctx)
 	defer cancel()
 	conn, err := f.m.b.Connect(c, f.gid)
 	if err != nil {
 		return nil, 0, errno(err)
 	}
-	h := &remoteHandle{conn: conn, writable: openedForWriting(flags)}
+	h := &remoteHandle{conn: conn, writable: openedForWriting(flags), times: f.m.times.peerTimes(f.gid, f.region)}
 	var err2 error
 	if sc, ok := conn.(sizeConn); ok {
 		var n int64
@@ -507,35 +580,42 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 			return fuse.ReadResultData(nil), 0
 		}
 	}
-	for try := 0; ; try++ {
+	var res fuse.ReadResult
+	var e syscall.Errno
+	rerr := h.retryStale(c, f.region, func(try int) bool {
+		if try > 0 && off >= h.size.Load() {
+			res, e = fuse.ReadResultData(nil), 0 // the region shrank below off
+			return false
+		}
 		n := min(int64(len(dest)), h.size.Load()-off)
 		// The READ response lands in a block of the registered I/O
 		// buffers, which go-fuse replies from; without a free block, in
 		// dest, the buffer go-fuse would reply from.
 		if buf := f.m.io.get(int(n)); buf != nil {
 			got, err := h.conn.ReadAt(c, f.region, buf, off)
-			if try > 0 || !staleErr(err) {
-				if err == nil && got == int(n) {
-					return &poolRead{p: f.m.io, b: buf}, 0
-				}
+			if try == 0 && staleErr(err) {
 				f.m.io.Put(buf)
-				return readResult(dest, got, int(n), err)
+				return true
+			}
+			if err == nil && got == int(n) {
+				res, e = &poolRead{p: f.m.io, b: buf}, 0
+				return false
 			}
 			f.m.io.Put(buf)
-		} else {
-			got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
-			if try > 0 || !staleErr(err) {
-				return readResult(dest, got, int(n), err)
-			}
+			res, e = readResult(dest, got, int(n), err)
+			return false
 		}
-		// The region changed under the handle: look again, retry once.
-		if rerr := h.refresh(c, f.region, 0); rerr != nil {
-			return nil, errno(rerr)
+		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
+		if try == 0 && staleErr(err) {
+			return true
 		}
-		if off >= h.size.Load() {
-			return fuse.ReadResultData(nil), 0
-		}
+		res, e = readResult(dest, got, int(n), err)
+		return false
+	})
+	if rerr != nil {
+		return nil, errno(rerr)
 	}
+	return res, e
 }
 
 func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
@@ -553,21 +633,29 @@ func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte,
 			return 0, errno(err)
 		}
 	}
-	for try := 0; ; try++ {
-		clipped, e := clipWrite(data, off, h.size.Load())
-		if e != 0 || len(clipped) == 0 {
-			return 0, e
+	var written uint32
+	var e syscall.Errno
+	rerr := h.retryStale(c, f.region, func(try int) bool {
+		clipped, ce := clipWrite(data, off, h.size.Load())
+		if ce != 0 || len(clipped) == 0 {
+			written, e = 0, ce
+			return false
 		}
 		// Sent straight from the FUSE request buffer.
 		n, err := h.conn.WriteAt(c, f.region, clipped, off)
-		if try > 0 || n > 0 || !staleErr(err) {
-			return writeResult(n, len(clipped), err)
+		if n > 0 {
+			h.times.written(time.Now())
 		}
-		// The region changed under the handle: look again, retry once.
-		if rerr := h.refresh(c, f.region, 0); rerr != nil {
-			return 0, errno(rerr)
+		if try == 0 && n == 0 && staleErr(err) {
+			return true
 		}
+		written, e = writeResult(n, len(clipped), err)
+		return false
+	})
+	if rerr != nil {
+		return 0, errno(rerr)
 	}
+	return written, e
 }
 
 func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
@@ -578,18 +666,30 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 		return 0, syscall.EBADF
 	}
 	c := f.m.dl.get()
+	h.times.written(time.Now())
+	// atomic runs one under the stale-region rule (retryStale): a failure
+	// other than ETIMEDOUT means it did not act, so running it again after
+	// a re-lookup cannot apply it twice.
+	atomic := func(off int64, do func() (uint64, error)) (old uint64, err error) {
+		rerr := h.retryStale(c, f.region, func(try int) bool {
+			if off+8 > h.size.Load() {
+				old, err = 0, syscall.EINVAL
+				return false
+			}
+			old, err = do()
+			return try == 0 && staleErr(err)
+		})
+		if rerr != nil {
+			return 0, rerr
+		}
+		return old, err
+	}
 	return atomicIoctl(cmd, input, output,
 		func(off int64, d uint64) (uint64, error) {
-			if off+8 > h.size.Load() {
-				return 0, syscall.EINVAL
-			}
-			return h.conn.FetchAdd(c, f.region, off, d)
+			return atomic(off, func() (uint64, error) { return h.conn.FetchAdd(c, f.region, off, d) })
 		},
 		func(off int64, cmp, swap uint64) (uint64, error) {
-			if off+8 > h.size.Load() {
-				return 0, syscall.EINVAL
-			}
-			return h.conn.CompareAndSwap(c, f.region, off, cmp, swap)
+			return atomic(off, func() (uint64, error) { return h.conn.CompareAndSwap(c, f.region, off, cmp, swap) })
 		})
 }
 
@@ -597,6 +697,7 @@ func (f *remoteFile) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, 
 // message to that port on the peer.
 type peerPortsDir struct {
 	gofs.Inode
+	syncNode
 	readOnlyDir
 	m   *mount
 	gid uint32
@@ -614,12 +715,16 @@ func (d *peerPortsDir) Lookup(ctx context.Context, name string, out *fuse.EntryO
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	out.Mode = syscall.S_IFREG | 0o222
-	return d.NewInode(ctx, &peerPortFile{m: d.m, gid: d.gid, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+	f := &peerPortFile{m: d.m, gid: d.gid, port: port}
+	if e := f.attr(ctx, &out.Attr); e != 0 {
+		return nil, e
+	}
+	return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
 type peerPortFile struct {
 	gofs.Inode
+	syncNode
 	m    *mount
 	gid  uint32
 	port uint32
@@ -633,14 +738,44 @@ var (
 	_ = (gofs.NodeSetattrer)((*peerPortFile)(nil))
 )
 
-func (f *peerPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o222
+// attr describes a peer's port with the owner and the write bits of the
+// peer's default region: who may write peers/<gid>/mem may send to the
+// peer's ports (the same rule, checked by the kernel under
+// --default-permissions), and nobody reads them from here.
+func (f *peerPortFile) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
+	c, cancel := f.m.ctx(ctx)
+	defer cancel()
+	conn, err := f.m.b.Connect(c, f.gid)
+	if err != nil {
+		return errno(err)
+	}
+	defer conn.Close()
+	r, err := freshRegion(c, conn, "mem", peerFresh)
+	if err != nil {
+		return errno(err)
+	}
+	a.Mode = syscall.S_IFREG | r.Mode&0o222
+	a.Uid, a.Gid = r.UID, r.GID
 	return 0
 }
 
+func (f *peerPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	return f.attr(ctx, &out.Attr)
+}
+
+// Setattr ignores a truncation (a shell redirection: meaningless and
+// harmless) and refuses the rest (EPERM): the port is the peer's.
 func (f *peerPortFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o222
-	return 0 // truncation by shell redirection is meaningless and harmless
+	_, mok := in.GetMode()
+	_, uok := in.GetUID()
+	_, gok := in.GetGID()
+	_, sok := in.GetSize()
+	_, aok := in.GetATime()
+	_, tok := in.GetMTime()
+	if mok || uok || gok || (aok || tok) && !sok {
+		return syscall.EPERM
+	}
+	return f.attr(ctx, &out.Attr)
 }
 
 func (f *peerPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
@@ -685,6 +820,9 @@ func (f *peerPortFile) Write(ctx context.Context, fh gofs.FileHandle, data []byt
 // however long the kernel keeps a cached attribute.
 type textFile struct {
 	gofs.Inode
+	syncNode
+	m      *mount
+	redact bool // JSON whose rkeys only root may see (stats.json)
 	render func(w *bytes.Buffer) error
 }
 
@@ -704,22 +842,36 @@ func (f *textFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.At
 	}
 	// A rendering that fails (the peer is gone) leaves the size 0: the
 	// error belongs to open and read, not to stat.
-	var b bytes.Buffer
-	if f.render(&b) == nil {
-		out.Size = uint64(b.Len())
+	if b, err := f.text(ctx); err == nil {
+		out.Size = uint64(len(b))
 	}
 	return 0
+}
+
+// text renders the file for the caller in ctx: without the rkeys of
+// regions unless the caller is root (redactRKeys).
+func (f *textFile) text(ctx context.Context) ([]byte, error) {
+	var b bytes.Buffer
+	if err := f.render(&b); err != nil {
+		return nil, err
+	}
+	if f.redact {
+		if caller, ok := fuse.FromContext(ctx); ok && caller != nil && caller.Uid != 0 {
+			return redactRKeys(b.Bytes())
+		}
+	}
+	return b.Bytes(), nil
 }
 
 func (f *textFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
-	var b bytes.Buffer
-	if err := f.render(&b); err != nil {
+	b, err := f.text(ctx)
+	if err != nil {
 		return nil, 0, errno(err)
 	}
-	return &textHandle{b: b.Bytes()}, fuse.FOPEN_DIRECT_IO, 0
+	return &textHandle{b: b}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (f *textFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

@@ -131,7 +131,7 @@ func (a *Agent) registerAll(ctx context.Context, assign bool) error {
 		switch {
 		case err == nil:
 			ok++
-		case errors.Is(err, ErrGIDInUse):
+		case errors.Is(err, ErrGIDInUse) || errors.Is(err, ErrDenied):
 			a.deregisterAll(ctx)
 			return err
 		default:

@@ -40,16 +40,23 @@ type Bootstrap struct {
 	// TableLen), or 0 if the server keeps none (an older server): List
 	// then READs the whole table.
 	MapOffset uint32
+	// NodeKeys: the server authenticates node keys (hello and auth
+	// messages, auth.go) and binds entries to them. Older servers say
+	// nothing (the field was reserved), and are sent neither.
+	NodeKeys bool
 }
 
 // The reply's private data, little-endian:
 //
 //	0  u32 magic "KRMS"   4  u16 version    6  u16 entry size
 //	8  u32 table rkey    12  u32 table bytes 16 u32 home slots
-//	20 u16 H             22  u16 reserved   24  i64 epoch (unix ns)
+//	20 u16 H             22  u16 flags      24  i64 epoch (unix ns)
 //	32 u64 server incarnation                40  u64 DC key
 //	48 u32 DCT number    52  u32 idle timeout ms
 //	56 u32 default lease ms                  60  u32 membership map offset (0: none)
+//
+// Flags: bit 0, the server authenticates node keys (NodeKeys); the other
+// bits are zero (reserved).
 //
 // The request's private data is u32 magic "KRMC", u16 version, u16 zero.
 const (
@@ -78,6 +85,9 @@ func (b *Bootstrap) marshal() []byte {
 	binary.LittleEndian.PutUint32(p[52:], uint32(b.IdleTimeout/time.Millisecond))
 	binary.LittleEndian.PutUint32(p[56:], uint32(b.Lease/time.Millisecond))
 	binary.LittleEndian.PutUint32(p[60:], b.MapOffset)
+	if b.NodeKeys {
+		binary.LittleEndian.PutUint16(p[22:], bootFlagNodeKeys)
+	}
 	return p
 }
 
@@ -105,6 +115,7 @@ func parseBootstrap(p []byte) (Bootstrap, error) {
 	b.DCTN = binary.LittleEndian.Uint32(p[48:])
 	b.IdleTimeout = time.Duration(binary.LittleEndian.Uint32(p[52:])) * time.Millisecond
 	b.Lease = time.Duration(binary.LittleEndian.Uint32(p[56:])) * time.Millisecond
+	b.NodeKeys = binary.LittleEndian.Uint16(p[22:])&bootFlagNodeKeys != 0
 	g, err := b.geom()
 	if err != nil {
 		return b, err

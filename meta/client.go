@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -78,6 +79,10 @@ type ClientConfig struct {
 	// Clock paces reconnects and keepalive pings, and Agents' heartbeats;
 	// nil is the system clock.
 	Clock clock.Clock
+	// NodeKey, if set, is this node's own key: the client proves it on
+	// every connection to a server that supports node keys, and the
+	// entries it registers are bound to it (auth.go).
+	NodeKey ed25519.PrivateKey
 }
 
 func (c *ClientConfig) fill() error {

@@ -169,6 +169,11 @@ func (c *Client) dial(ctx context.Context, addr netip.AddrPort, gen uint64) (*co
 	cn.wcs = make([]verbs.WC, 64)
 	cn.lastTx.Store(c.clock.Now().UnixNano())
 	cn.rto, cn.rtoAt = cfg.QPTimeout, c.clock.Now()
+	if err := c.authenticate(ctx, cn); err != nil {
+		cn.kill()
+		cn.unref()
+		return nil, err
+	}
 	return cn, nil
 }
 

@@ -25,6 +25,12 @@ import (
 //	lookup      gid u32                     gid u32, lease ms left u32, record
 //	ping        (empty)                     (empty)
 //	bye         (empty)                     (no reply)
+//	hello       node public key [32]        nonce [32]
+//	auth        signature [64]              (empty)
+//
+// hello and auth authenticate the connection as a node's key (auth.go);
+// a server that does not say it supports them (Bootstrap.NodeKeys) is
+// never sent them.
 //
 // A record is 88 bytes: incarnation u64, IP [16] (IPv4-mapped for IPv4),
 // port u16, flags u8 (bit 0: IPv4), DCT number u32, DC key u64, region
@@ -72,10 +78,12 @@ const (
 	kindLookup
 	kindPing
 	kindBye
+	kindHello
+	kindAuth
 )
 
 func (k msgKind) String() string {
-	names := [...]string{"?", "register", "heartbeat", "deregister", "lookup", "ping", "bye"}
+	names := [...]string{"?", "register", "heartbeat", "deregister", "lookup", "ping", "bye", "hello", "auth"}
 	s := "?"
 	if b := k &^ replyBit; int(b) < len(names) {
 		s = names[b]
@@ -96,6 +104,8 @@ const (
 	stNotRegistered
 	stNotFound
 	stFull
+	stLimited   // a per-source limit of the server (limits.go)
+	stDenied    // another node's entry, or no node key where one is required (auth.go)
 	stNumStatus // first invalid value
 )
 
@@ -114,6 +124,10 @@ func (s status) err() error {
 		return ErrNotFound
 	case stFull:
 		return ErrTableFull
+	case stLimited:
+		return ErrLimited
+	case stDenied:
+		return ErrDenied
 	}
 	return fmt.Errorf("meta: reply status %d", uint8(s))
 }
@@ -125,8 +139,9 @@ type message struct {
 	status  status
 	reqID   uint32
 	leaseMs uint32
-	node    NodeInfo // GID always; the rest as the body carries it
-	version uint8    // wire version; 0 means msgVersion
+	node    NodeInfo         // GID always; the rest as the body carries it
+	version uint8            // wire version; 0 means msgVersion
+	blob    [authSigLen]byte // hello's key or nonce, auth's signature (bodyLen bytes of it)
 }
 
 // wireVersion is the version m is encoded in.
@@ -152,7 +167,7 @@ func recordLenOf(v uint8) int {
 // st in version v, or -1 if the combination does not exist.
 func bodyLen(k msgKind, st status, v uint8) int {
 	reply := k&replyBit != 0
-	if base := k &^ replyBit; base < kindRegister || base > kindBye {
+	if base := k &^ replyBit; base < kindRegister || base > kindAuth {
 		return -1
 	}
 	if !reply && st != stOK {
@@ -181,13 +196,20 @@ func bodyLen(k msgKind, st status, v uint8) int {
 		return 8 + recordLenOf(v)
 	case kindPing, kindPing | replyBit, kindBye:
 		return 0
+	case kindHello, kindHello | replyBit:
+		return authKeyLen
+	case kindAuth:
+		return authSigLen
+	case kindAuth | replyBit:
+		return 0
 	}
 	return -1
 }
 
 // hasGID reports whether the body starts with a gid.
 func (m *message) hasGID() bool {
-	return m.status == stOK && m.kind&^replyBit != kindPing && m.kind != kindBye
+	base := m.kind &^ replyBit
+	return m.status == stOK && base != kindPing && m.kind != kindBye && base != kindHello && base != kindAuth
 }
 
 // size is the encoded length of m.
@@ -250,6 +272,8 @@ func parseMessage(b []byte) (message, error) {
 		}
 	case kindHeartbeat | replyBit:
 		m.leaseMs = binary.LittleEndian.Uint32(p)
+	case kindHello, kindHello | replyBit, kindAuth:
+		copy(m.blob[:], p)
 	}
 	return m, nil
 }
@@ -286,6 +310,8 @@ func (m *message) append(b []byte) []byte {
 		binary.LittleEndian.PutUint64(p, m.node.Incarnation)
 	case kindHeartbeat | replyBit:
 		binary.LittleEndian.PutUint32(p, m.leaseMs)
+	case kindHello, kindHello | replyBit, kindAuth:
+		copy(p, m.blob[:])
 	}
 	return b
 }

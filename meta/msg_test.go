@@ -37,6 +37,12 @@ func sampleMessages() []message {
 		{kind: kindPing, reqID: 7},
 		{kind: kindPing | replyBit, reqID: 7},
 		{kind: kindBye, reqID: 8},
+		{kind: kindHello, reqID: 10, blob: [authSigLen]byte{1, 2, 3, 31: 32}},
+		{kind: kindHello | replyBit, reqID: 10, blob: [authSigLen]byte{9, 31: 9}},
+		{kind: kindAuth, reqID: 11, blob: [authSigLen]byte{1, 63: 64}},
+		{kind: kindAuth | replyBit, reqID: 11},
+		{kind: kindRegister | replyBit, reqID: 1, status: stDenied},
+		{kind: kindRegister | replyBit, reqID: 1, status: stLimited},
 	}
 }
 

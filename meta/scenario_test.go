@@ -142,9 +142,21 @@ func testMetaRestart(t *testing.T, kind string) {
 			t.Fatalf("re-registered as %+v, want %+v", n, agents[i].Info())
 		}
 	}
+	// The registry counts a node before its table entry is written, so a
+	// lookup may briefly miss it: wait for the table, then compare.
 	for gid := uint32(1); gid <= 3; gid++ {
-		peer.Invalidate(gid)
-		if n, err := peer.Lookup(ctx, gid); err != nil || n != agents[gid-1].Info() {
+		var n NodeInfo
+		var err error
+		waitFor(t, 10*time.Second, "a lookup from the restarted server", func() bool {
+			peer.Invalidate(gid)
+			n, err = peer.Lookup(ctx, gid)
+			if errors.Is(err, ErrNotFound) {
+				clk.Advance(10 * time.Millisecond)
+				return false
+			}
+			return true
+		})
+		if err != nil || n != agents[gid-1].Info() {
 			t.Fatalf("lookup from the restarted server: %+v %v", n, err)
 		}
 	}

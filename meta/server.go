@@ -89,6 +89,8 @@ type ServerConfig struct {
 	// Clock drives leases, sweeps and idle reclaim; nil is the system
 	// clock.
 	Clock clock.Clock
+	// Auth: node keys and per-source registration limits (auth.go).
+	Auth AuthConfig
 }
 
 func (c *ServerConfig) fill() error {
@@ -143,6 +145,9 @@ func (c *ServerConfig) fill() error {
 		return fmt.Errorf("meta: negative interval or limit")
 	case c.RecvDepth < 1 || c.RecvDepth > 1<<16:
 		return fmt.Errorf("meta: RecvDepth %d: want 1..65536", c.RecvDepth)
+	}
+	if err := c.Auth.check(); err != nil {
+		return err
 	}
 	_, err := newGeom(c.Slots, c.Neighborhood)
 	return err
@@ -221,6 +226,10 @@ type Server struct {
 	liveMap []uint64
 	mapGen  uint64
 
+	// guard binds entries to node keys and limits registrations per
+	// source (auth.go, limits.go). Owned by the loop.
+	guard guard
+
 	sweeper *clock.Ticker
 	done    chan struct{}
 	wg      sync.WaitGroup
@@ -240,7 +249,8 @@ type srvConn struct {
 	qp     verbs.QP
 	remote netip.AddrPort
 	lastRx time.Time
-	heard  bool // a message arrived; owned by the loop
+	heard  bool     // a message arrived; owned by the loop
+	auth   connAuth // the node key the connection proved (auth.go); owned by the loop
 }
 
 // outReply is a reply waiting to be sent on the connection of QPN qpn.
@@ -368,6 +378,7 @@ func (s *Server) setup() error {
 		IdleTimeout:       s.cfg.IdleTimeout,
 		Lease:             s.cfg.Lease,
 		MapOffset:         uint32(s.geom.mapOffset()),
+		NodeKeys:          true,
 	}
 	s.bootP = s.boot.marshal()
 	return s.dev.ListenRC(s.cfg.Service, s.accept)
@@ -653,6 +664,12 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 		}
 		return
 	}
+	if rep, handled := s.admit(c, &m, now); handled {
+		// hello, auth, or a request the node's key or its source's
+		// limits refuse (auth.go).
+		s.replies = append(s.replies, outReply{wc.QPN, rep})
+		return
+	}
 	var rep message
 	var ws []slotWrite
 	switch m.kind {
@@ -660,6 +677,7 @@ func (s *Server) onMessage(wc *verbs.WC, now time.Time, wb *writeBatch) {
 		rep, ws = s.reg.register(&m, now)
 		switch rep.status {
 		case stOK:
+			s.bind(c, &rep, now)
 			s.st.registered.Add(1)
 		case stInUse:
 			s.st.refused.Add(1)

@@ -66,15 +66,29 @@ const exportAccess = verbs.AccessRemoteRead | verbs.AccessRemoteWrite | verbs.Ac
 
 func (b *Node) Self() uint32 { return b.core.GID() }
 
+// Peers lists the live nodes. A node that the previous listing had, or
+// that PeerInfo described since, and that this listing lacks has left: its
+// cached meta entry is dropped, so that its name stops resolving
+// (PeerInfo) at once rather than when the entry expires.
 func (b *Node) Peers(ctx context.Context) ([]uint32, error) {
 	nodes, err := b.meta.List(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]uint32, len(nodes))
+	now := make(map[uint32]bool, len(nodes))
 	for i, n := range nodes {
 		out[i] = n.GID
+		now[n.GID] = true
 	}
+	b.listedMu.Lock()
+	for g := range b.listed {
+		if !now[g] {
+			b.meta.Invalidate(g)
+		}
+	}
+	b.listed = now
+	b.listedMu.Unlock()
 	return out, nil
 }
 
@@ -82,7 +96,23 @@ func (b *Node) Peers(ctx context.Context) ([]uint32, error) {
 // calls it to learn that a peer exists (a lookup of peers/<gid>). It goes
 // through qpcore's Connect: one meta lookup, after which the peer is known
 // to qpcore, so the open that usually follows costs no second lookup.
+//
+// The meta service decides whether the peer exists: a gid it no longer
+// has (a node that deregistered, or whose lease expired) is ENOENT once
+// the meta client's cached entry is gone (its TTL, meta.DefaultCacheTTL;
+// at once after a listing that lacks it, see Peers), even though qpcore
+// still holds the peer's metadata. With the meta service unreachable the
+// meta client answers from what it last knew, and qpcore decides; the
+// membership check waits at most membershipWait for the meta service, so
+// that peers known here keep resolving without waiting for a meta service
+// that does not answer.
 func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
+	mctx, cancel := context.WithTimeout(ctx, membershipWait)
+	_, err := b.meta.Lookup(mctx, gid)
+	cancel()
+	if errors.Is(err, meta.ErrNotFound) {
+		return "", syscall.ENOENT
+	}
 	var info meta.NodeInfo
 	transport := ""
 	v, err := b.core.Connect(ctx, gid)
@@ -100,12 +130,21 @@ func (b *Node) PeerInfo(ctx context.Context, gid uint32) (string, error) {
 	default:
 		return "", err
 	}
+	b.listedMu.Lock()
+	if b.listed == nil {
+		b.listed = map[uint32]bool{}
+	}
+	b.listed[gid] = true
+	b.listedMu.Unlock()
 	s := fmt.Sprintf("gid %d\naddress %v\nincarnation %#x\ndct %d\n", info.GID, info.Addr, info.Incarnation, info.DCTN)
 	if transport != "" {
 		s += fmt.Sprintf("transport %v\n", transport)
 	}
 	return s, nil
 }
+
+// membershipWait bounds PeerInfo's question to the meta service.
+const membershipWait = 250 * time.Millisecond
 
 func (b *Node) Connect(ctx context.Context, gid uint32) (fs.Conn, error) {
 	v, err := b.core.Connect(ctx, gid)
@@ -562,26 +601,15 @@ func (c *vqpConn) WriteAt(ctx context.Context, name string, p []byte, off int64)
 	return len(p), nil
 }
 
+// FetchAdd and CompareAndSwap run the atomic once: the filesystem retries
+// one the peer refused because the region changed (its stale-region rule,
+// fs's retryStale), after reading the directory again.
 func (c *vqpConn) FetchAdd(ctx context.Context, name string, off int64, d uint64) (uint64, error) {
-	return refusedOnce(func() (uint64, error) { return c.v.FetchAdd(ctx, name, uint64(off), d) })
+	return c.v.FetchAdd(ctx, name, uint64(off), d)
 }
 
 func (c *vqpConn) CompareAndSwap(ctx context.Context, name string, off int64, cmp, swap uint64) (uint64, error) {
-	return refusedOnce(func() (uint64, error) { return c.v.CompareAndSwap(ctx, name, uint64(off), cmp, swap) })
-}
-
-// refusedOnce runs an atomic and, if the peer refused it because the
-// region changed under the cached key or size (qpcore.RetryableStale: a
-// NAK for the rkey or the bounds, or the local pre-check), runs it once
-// more: qpcore has dropped the stale copy, so the retry looks again. Only
-// a refusal is retried: the atomic did not act then. An atomic whose
-// answer was lost is never run twice (it may have acted).
-func refusedOnce(atomic func() (uint64, error)) (uint64, error) {
-	old, err := atomic()
-	if err != nil && qpcore.RetryableStale(err) {
-		old, err = atomic()
-	}
-	return old, err
+	return c.v.CompareAndSwap(ctx, name, uint64(off), cmp, swap)
 }
 
 func (c *vqpConn) Send(ctx context.Context, port uint32, msg []byte) error {
@@ -603,3 +631,18 @@ func (a *portAdapter) TryRecv(ctx context.Context, buf []byte) (int, error) {
 }
 
 func (a *portAdapter) Close() error { return a.p.Close() }
+
+var _ fs.CapacityReporter = (*Node)(nil)
+
+// Capacity reports the region store's filesystem (its size and free
+// bytes: regions are files there) and the region count limit, for statfs.
+func (b *Node) Capacity() (total, free int64, maxRegions int, err error) {
+	if b.store == nil {
+		return 0, 0, 0, nil
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(b.store.Dir(), &st); err != nil {
+		return 0, 0, 0, fmt.Errorf("statfs of the region store %s: %w", b.store.Dir(), err)
+	}
+	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, b.maxRegions, nil
+}

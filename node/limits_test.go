@@ -1,16 +1,13 @@
 package node
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/krfs/krfs/internal/leaktest"
 	"github.com/krfs/krfs/internal/shm"
@@ -162,38 +159,5 @@ func TestSingleNodeDefaultStoresDoNotCollide(t *testing.T) {
 	}
 	if dirs[0] == dirs[1] {
 		t.Fatalf("two single-node clusters share %s", dirs[0])
-	}
-}
-
-// An atomic through a VQP that still holds the peer's old key for "mem"
-// (the peer resized it: a new registration, a new rkey) is refused by the
-// peer, did not act, and is retried once with the new key: the caller
-// sees it succeed, exactly once.
-func TestAtomicAfterPeerResize(t *testing.T) {
-	leaktest.Check(t)
-	a := testNode(t)
-	b, err := startAt(t, Config{Meta: []netip.AddrPort{a.Device().Addr()}, ShmDir: t.TempDir(), MemSize: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := a.Connect(ctx, b.Self())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if old, err := conn.FetchAdd(ctx, "mem", 0, 1); err != nil || old != 0 {
-		t.Fatalf("first FetchAdd: %d, %v", old, err)
-	}
-	if _, err := b.Export("mem", 8192, 0o666, 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	if old, err := conn.FetchAdd(ctx, "mem", 0, 1); err != nil || old != 1 {
-		t.Fatalf("FetchAdd after the peer resized mem: %d, %v; want 1, nil", old, err)
-	}
-	if old, err := conn.CompareAndSwap(ctx, "mem", 0, 2, 7); err != nil || old != 2 {
-		t.Fatalf("CompareAndSwap: %d, %v; want 2 (the FetchAdd acted once)", old, err)
 	}
 }

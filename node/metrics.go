@@ -206,49 +206,31 @@ const (
 	gauge   = prometheus.GaugeValue
 )
 
+// coreMetric is a metric of qpcore's figures: its table row (which
+// stats.json's Node object shows too) and its descriptor.
+type coreMetric struct {
+	qpcore.StatMetric
+	desc metricDesc
+}
+
+var coreMetrics = func() []coreMetric {
+	var out []coreMetric
+	for _, m := range qpcore.StatMetrics() {
+		t, labels := counter, []string(nil)
+		if m.Gauge {
+			t = gauge
+		}
+		if m.Label != "" {
+			labels = []string{m.Label}
+		}
+		out = append(out, coreMetric{m, desc(m.Name, m.Help, t, labels...)})
+	}
+	return out
+}()
+
 var (
-	mPeers      = desc("peers", "Peers this node keeps state for.", gauge)
-	mVQPs       = desc("vqps_open", "Virtual QPs open now.", gauge)
-	mConnects   = desc("connects_total", "VQP connects, served from known peer state (hit) or after a meta lookup (miss).", counter, "result")
-	mPeerEvict  = desc("peer_evictions_total", "Peers evicted from this node's peer table.", counter)
-	mWRs        = desc("wrs_posted_total", "Work requests posted, by transport.", counter, "transport")
-	mDoorbells  = desc("doorbells_total", "PostSend calls (doorbells) that carried the work requests.", counter)
-	mWRErrors   = desc("wr_errors_total", "Operations that ended in an error inside qpcore.", counter)
-	mFences     = desc("fences_total", "VQP fences while switching transport.", counter)
-	mSwitches   = desc("vqp_switches_total", "VQP moves between DC and RC, by destination transport.", counter, "to")
-	mDCIsFree   = desc("dcis_free", "Free DCIs in the pool now.", gauge)
-	mDCIWaiters = desc("dci_waiters", "Peers waiting for a DCI now.", gauge)
-	mDCIWaits   = desc("dci_waits_total", "Times a peer waited for a DCI.", counter)
-	mDCIYields  = desc("dci_yields_total", "Quota yields of a DCI to a waiting peer.", counter)
-	mRejects    = desc("precheck_rejects_total", "Requests refused by the pre-check before reaching a QP, by cause.", counter, "cause")
-	mQPErrors   = desc("qp_errors_total", "Error completions on shared QPs.", counter)
-	mRecoveries = desc("dci_recoveries_total", "DCIs recovered from the error state.", counter)
-	mReposted   = desc("reposted_total", "Innocent work requests posted again after a QP error.", counter)
-	mRemoteErr  = desc("remote_errors_total", "Remote errors reported to the operation's owner.", counter)
-	mRNR        = desc("rnr_retries_total", "Operations retried after receiver-not-ready.", counter)
-	mRelookups  = desc("relookups_total", "Meta re-lookups of stale or silent peers.", counter)
-	mStaleRetry = desc("stale_retries_total", "Operations retried after a re-lookup.", counter)
-	mUnreach    = desc("unreachable_total", "Peers declared down on evidence of death.", counter)
-	mPeersUp    = desc("peers_up_total", "Peers declared down that answered again.", counter)
-	mOpTimeouts = desc("op_timeouts_total", "Operations ended by their deadline (--timeout).", counter)
-	mLossRetry  = desc("loss_retries_total", "Operations posted again after their QP exhausted its transport retries.", counter)
-	mPostErrors = desc("post_errors_total", "PostSend refusals (the pre-check should make these impossible).", counter)
-	mRCQPs      = desc("rc_qps", "RC QPs now, by side (active: opened by this node; passive: accepted).", gauge, "side")
-	mRCConnects = desc("rc_connects_total", "RC connections made (ok) or failed.", counter, "result")
-	mRCEvict    = desc("rc_evictions_total", "RC QPs evicted by the LRU (DC->RC pool full).", counter)
-	mRCIdle     = desc("rc_idle_teardowns_total", "RC QPs torn down when idle.", counter)
-	mRCFallback = desc("rc_fallbacks_total", "VQPs that fell back from RC to DC.", counter)
-	mRCErrors   = desc("rc_errors_total", "RC QP errors.", counter)
-	mRCAccepted = desc("rc_accepted_total", "Passive RC connections accepted.", counter)
-	mRCReclaim  = desc("rc_reclaimed_total", "Passive RC QPs reclaimed.", counter)
-	mDevEvents  = desc("device_events_total", "Asynchronous events of the NIC, by event (rc_passive_error: a passive RC QP in ERR, destroyed; qp_error, cq_error, srq_limit, port_down, port_up).", counter, "event")
-	mDirReads   = desc("dir_reads_total", "Remote region directory READs, by result (ok or torn and repeated).", counter, "result")
-	mMsgs       = desc("messages_total", "Messages, by event (sent, received, rendezvous, dropped, malformed).", counter, "event")
-	mMsgBytes   = desc("message_bytes_total", "Message payload bytes delivered, by path (small or large).", counter, "path")
-	mMemCache   = desc("mem_cache_total", "Local buffer registration cache lookups, by result (hit, miss, eviction).", counter, "result")
-	mMemCached  = desc("mem_cache_bytes", "Bytes of caller buffers the registration cache keeps registered (and reachable) now.", gauge)
-	mIOBuf      = desc("iobuf_bytes", "The filesystem's registered I/O buffers, by state (size: the whole pool; in_use: handed out now; peak: the most ever in use).", gauge, "state")
-	mIOBufGets  = desc("iobuf_gets_total", "READs of remote files served from the I/O buffers (ok) or, none being free, from go-fuse's buffer (overflow).", counter, "result")
+	mIOBuf     = desc("iobuf_bytes", "The filesystem's registered I/O buffers, by state (size: the whole pool; in_use: handed out now; peak: the most ever in use).", gauge, "state")
+	mIOBufGets = desc("iobuf_gets_total", "READs of remote files served from the I/O buffers (ok) or, none being free, from go-fuse's buffer (overflow).", counter, "result")
 
 	mNICPackets = desc("nic_packets_total", "Packets the NIC sent and received.", counter, "direction")
 	mNICBytes   = desc("nic_bytes_total", "Bytes the NIC sent and received.", counter, "direction")
@@ -297,71 +279,16 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	b := c.b
 
 	s := b.core.Stats()
-	emit(mPeers, float64(s.Peers))
-	emit(mVQPs, float64(s.VQPsOpen))
-	emit(mConnects, u(s.ConnectHits), "hit")
-	emit(mConnects, u(s.ConnectMisses), "miss")
-	emit(mPeerEvict, u(s.PeerEvictions))
-	emit(mWRs, u(s.OpsDC), qpcore.DC.String())
-	emit(mWRs, u(s.OpsRC), qpcore.RC.String())
-	emit(mDoorbells, u(s.Doorbells))
-	emit(mWRErrors, u(s.OpErrors))
-	emit(mFences, u(s.Fences))
-	emit(mSwitches, u(s.VQPToRC), "rc")
-	emit(mSwitches, u(s.VQPToDC), "dc")
-	emit(mDCIsFree, float64(s.DCIsFree))
-	emit(mDCIWaiters, float64(s.DCIWaiters))
-	emit(mDCIWaits, u(s.DCIWaits))
-	emit(mDCIYields, u(s.DCIYields))
-	for _, r := range []struct {
-		cause string
-		v     uint64
-	}{{"local_length", s.RejectLocal}, {"no_region", s.RejectNoRegion}, {"remote_bounds", s.RejectBounds},
-		{"remote_access", s.RejectAccess}, {"alignment", s.RejectAlign}, {"opcode", s.RejectOpcode},
-		{"would_block", s.RejectWouldBlock}} {
-		emit(mRejects, u(r.v), r.cause)
+	for _, m := range coreMetrics {
+		for i := range m.Fields {
+			f := &m.Fields[i]
+			if m.Label == "" {
+				emit(m.desc, f.Of(&s))
+			} else {
+				emit(m.desc, f.Of(&s), f.Value)
+			}
+		}
 	}
-	emit(mQPErrors, u(s.QPErrors))
-	emit(mRecoveries, u(s.DCIRecoveries))
-	emit(mReposted, u(s.Reposted))
-	emit(mRemoteErr, u(s.RemoteErrors))
-	emit(mRNR, u(s.RNRRetries))
-	emit(mRelookups, u(s.Relookups))
-	emit(mStaleRetry, u(s.StaleRetries))
-	emit(mUnreach, u(s.Unreachable))
-	emit(mPeersUp, u(s.PeersUp))
-	emit(mOpTimeouts, u(s.OpTimeouts))
-	emit(mLossRetry, u(s.LossRetries))
-	emit(mPostErrors, u(s.PostErrors))
-	emit(mRCQPs, float64(s.RCActive), "active")
-	emit(mRCQPs, float64(s.RCPassive), "passive")
-	emit(mRCConnects, u(s.RCConnects), "ok")
-	emit(mRCConnects, u(s.RCConnectFailures), "failed")
-	emit(mRCEvict, u(s.RCEvictions))
-	emit(mRCIdle, u(s.RCIdle))
-	emit(mRCFallback, u(s.RCFallbacks))
-	emit(mRCErrors, u(s.RCErrors))
-	emit(mRCAccepted, u(s.RCAccepted))
-	emit(mRCReclaim, u(s.RCReclaimed))
-	emit(mDevEvents, u(s.RCPassiveErrors), "rc_passive_error")
-	emit(mDevEvents, u(s.QPEvents), "qp_error")
-	emit(mDevEvents, u(s.CQErrors), "cq_error")
-	emit(mDevEvents, u(s.SRQLimits), "srq_limit")
-	emit(mDevEvents, u(s.PortDowns), "port_down")
-	emit(mDevEvents, u(s.PortUps), "port_up")
-	emit(mDirReads, u(s.DirReads-min(s.DirTorn, s.DirReads)), "ok")
-	emit(mDirReads, u(s.DirTorn), "torn")
-	emit(mMsgs, u(s.MsgSent), "sent")
-	emit(mMsgs, u(s.MsgRecv), "received")
-	emit(mMsgs, u(s.MsgRendezvous), "rendezvous")
-	emit(mMsgs, u(s.MsgDropped), "dropped")
-	emit(mMsgs, u(s.MsgMalformed), "malformed")
-	emit(mMsgBytes, u(s.MsgSmallBytes), "small")
-	emit(mMsgBytes, u(s.MsgLargeBytes), "large")
-	emit(mMemCache, u(s.MemHits), "hit")
-	emit(mMemCache, u(s.MemMisses), "miss")
-	emit(mMemCache, u(s.MemEvictions), "eviction")
-	emit(mMemCached, float64(s.MemCachedBytes))
 	// Always emitted (zero without a mount): Describe collects once, at
 	// registration, before the filesystem registers its buffers.
 	var is fs.IOBufferStats

@@ -1,7 +1,9 @@
 package node
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/qpcore"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 )
@@ -170,4 +173,103 @@ func TestPprofServed(t *testing.T) {
 			t.Errorf("%s: %v %s, body without %q: %.200s", path, err, resp.Status, want, body)
 		}
 	}
+}
+
+// Every figure of qpcore's stat table is both in stats.json (the Node
+// object, under its field name) and a metric (its name and label value),
+// with the same value.
+func TestStatTable(t *testing.T) {
+	d := testNode(t)
+	// Some traffic, so that the values are not all zero.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := d.Connect(ctx, d.Self())
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if _, err := c.ReadAt(ctx, "mem", buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	// stats.json and the metrics are read one after the other: the node's
+	// background work (meta, housekeeping) may move a figure in between,
+	// so a mismatch is looked at again (presence is not).
+	var s qpcore.Stats
+	n := 0
+	for try := 0; ; try++ {
+		mismatch := compareStatTable(t, d, &s, &n, try == 4)
+		if !mismatch {
+			break
+		}
+	}
+	if n < 70 || s.OpsDC+s.OpsRC == 0 {
+		t.Fatalf("%d figures, %d WRs posted: the table or the traffic is missing", n, s.OpsDC+s.OpsRC)
+	}
+}
+
+// compareStatTable reads stats.json and the metrics of d once, reports
+// every table figure missing from either, and reports (if final) or
+// returns whether a value differs.
+func compareStatTable(t *testing.T, d *Node, s *qpcore.Stats, n *int, final bool) bool {
+	t.Helper()
+	var js bytes.Buffer
+	if err := d.Stats(&js, true); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Node json.RawMessage }
+	var node map[string]float64
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(doc.Node, &node); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(doc.Node, s); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := Registry(d, NewOpMetrics()).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples := map[string]float64{} // "name{label=value}"
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			if lp := m.GetLabel(); len(lp) == 1 {
+				key += "{" + lp[0].GetName() + "=" + lp[0].GetValue() + "}"
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			samples[key] = v
+		}
+	}
+	*n = 0
+	mismatch := false
+	for _, m := range qpcore.StatMetrics() {
+		for i := range m.Fields {
+			f := &m.Fields[i]
+			*n++
+			jv, ok := node[f.Field]
+			if !ok {
+				t.Errorf("stats.json has no Node.%s", f.Field)
+			}
+			key := "krfs_" + m.Name
+			if m.Label != "" {
+				key += "{" + m.Label + "=" + f.Value + "}"
+			}
+			mv, ok := samples[key]
+			if !ok {
+				t.Errorf("no metric %s for %s", key, f.Field)
+				continue
+			}
+			if want := f.Of(s); mv != want {
+				mismatch = true
+				if final {
+					t.Errorf("%s = %v, stats.json's %s gives %v (field %v)", key, mv, f.Field, want, jv)
+				}
+			}
+		}
+	}
+	return mismatch && !final
 }

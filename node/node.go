@@ -18,6 +18,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -84,6 +85,15 @@ type Config struct {
 	// qpcore.DefaultMaxRegions by default): one region more fails with
 	// ENOSPC and a log line, and leaves nothing behind.
 	MaxRegionSize int64
+	// NodeKey is the node's own key: the meta client proves it on every
+	// connection, and the meta service binds the node's entry to it
+	// (meta's auth.go). The region store records it with the gid and the
+	// address (shm.Identity), for the next start. Nil: no key.
+	NodeKey ed25519.PrivateKey
+	// Reclaimed says that QPCore.GID is the gid a store remembers rather
+	// than one the operator chose: if the meta service refuses it (another
+	// node holds it), the node registers for an assigned gid instead.
+	Reclaimed bool
 }
 
 // Node is a running node.
@@ -104,6 +114,9 @@ type Node struct {
 	regionMu      sync.RWMutex
 	maxRegions    int
 	maxRegionSize int64
+
+	listedMu sync.Mutex      // guards listed
+	listed   map[uint32]bool // the gids of the last Peers listing and of PeerInfo since
 
 	// ioBufs is the filesystem's pool of I/O buffers, registered with
 	// core (fs.BufferRegistrar); nil when no mount registered one, or
@@ -176,7 +189,7 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	err = n.untilAnswered(ctx, "connection", func() (err error) {
-		n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers})
+		n.meta, err = meta.NewClient(ctx, dev, meta.ClientConfig{Servers: servers, NodeKey: cfg.NodeKey})
 		return err
 	})
 	if err != nil {
@@ -194,6 +207,18 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 		n.agent, err = n.meta.Register(ctx, n.core.Info(), meta.AgentConfig{})
 		return err
 	})
+	if cfg.Reclaimed && (errors.Is(err, meta.ErrGIDInUse) || errors.Is(err, meta.ErrDenied)) {
+		// The gid the store remembers is another node's now: take a new
+		// one (and a new store; the old one stays, see krfs purge --list).
+		n.log.Warnf("gid %d, which %s remembers, is held by another node (%v); registering for a new gid",
+			cfg.QPCore.GID, storeName(cfg.ShmDir), err)
+		info := n.core.Info()
+		info.GID = 0
+		err = n.untilAnswered(ctx, "registration", func() (err error) {
+			n.agent, err = n.meta.Register(ctx, info, meta.AgentConfig{})
+			return err
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("registering with the meta service: %w", err)
 	}
@@ -217,6 +242,9 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 			n.store = nil
 		}
 		return nil, err
+	}
+	if err := n.store.SaveIdentity(shm.Identity{GID: gid, Listen: dev.Addr().String(), Key: cfg.NodeKey}); err != nil {
+		n.log.Warnf("recording the node's identity in %s: %v", dir, err)
 	}
 	// Publish the default region's rkey and length in the meta entry:
 	// a peer's first READ of "mem" then needs no directory READ. Not
@@ -269,6 +297,14 @@ func (n *Node) openStore(dir string, mem int64) (err error) {
 	return nil
 }
 
+// storeName names the store a reclaimed gid came from, for a log line.
+func storeName(shmDir string) string {
+	if shmDir != "" {
+		return shmDir
+	}
+	return "the node's store"
+}
+
 // metaRetry paces Start's attempts to reach the meta service.
 const metaRetry = 200 * time.Millisecond
 
@@ -282,7 +318,7 @@ const metaRetry = 200 * time.Millisecond
 func (n *Node) untilAnswered(ctx context.Context, what string, f func() error) error {
 	for try := 1; ; try++ {
 		err := f()
-		if err == nil || !errors.Is(err, meta.ErrUnreachable) {
+		if err == nil || !(errors.Is(err, meta.ErrUnreachable) || errors.Is(err, meta.ErrLimited)) {
 			return err
 		}
 		n.log.Infof("meta service did not answer %s attempt %d, trying again: %v", what, try, err)

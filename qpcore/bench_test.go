@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/krfs/krfs/bench/baseline"
 	"github.com/krfs/krfs/clock"
-	"github.com/krfs/krfs/internal/baseline"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/qpcore"
 	"github.com/krfs/krfs/verbs"

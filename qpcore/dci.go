@@ -1,5 +1,7 @@
 package qpcore
 
+import "github.com/krfs/krfs/verbs"
+
 // DCI hand-out: a peer with DC work takes a DCI from the node's pool (or
 // one handed over to it by a peer that released it) through the arbiter of
 // package dct, keeps it while it has WRs outstanding and its quota lasts,
@@ -83,4 +85,15 @@ func (n *Node) handLocked(d *dciSlot, e *effects) {
 		next.grant = d
 		e.kick = append(e.kick, next)
 	}
+}
+
+// dciSlot is one DCI of the pool. While a peer owns it (see dct.Arbiter)
+// its fields are guarded by that peer's mu; a DCI changes owner only when
+// out is 0 and it is not errored.
+type dciSlot struct {
+	idx     int
+	qp      verbs.QP
+	out     int       // WRs posted and not completed
+	errored bool      // an error completion arrived: recovering
+	failed  []failure // error and flushed completions, in completion order
 }

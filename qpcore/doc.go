@@ -202,6 +202,51 @@
 // number of nodes in the cluster: about 10 MiB of heap with the defaults,
 // 10,000 peers known and 1,000 VQPs open (BenchmarkQPCoreMemory).
 //
+// # Code map
+//
+// Node coordinates; each state machine is a type of its own, in its own
+// file, whose fields change only through its methods and which knows
+// nothing of the node:
+//
+//	rcLink    rclink.go    a peer's RC connection: none, connecting, ready,
+//	                       draining; its QP (rcConn), retry bound, traffic
+//	                       meter. The only code that changes the RC phase,
+//	                       each edge checked (rcLink.set).
+//	fence     fence.go     a VQP's route (DC or RC), its operations on each,
+//	                       and those held while a switch waits for the old
+//	                       route to drain; fencedVQPs lists a peer's.
+//	liveness  liveness.go  a peer's strikes, silence, down state and probe.
+//	peerPause pause.go     a peer paused for a re-lookup or an RNR backoff,
+//	                       and the failed operations waiting for it.
+//	dirCache  dircache.go  a peer's cached region directory, or the meta
+//	                       entry's hint of its default region.
+//	opState   op.go        an operation: new, held, queued, posted,
+//	                       stalled, done (op.setState checks each edge).
+//
+// rcPool (rcpool.go) keeps the RC QPs' slots under its own lock. The
+// node's side of each: rc.go (reserving, evicting and freeing slots, and
+// the coordination of a connection's transitions), fence.go (which route a VQP wants, queueing
+// what a fence lets through), liveness.go (deadlines, declaring a peer
+// down), dci.go (DCIs through dct's arbiter), failures.go (what an
+// errored QP's operations become; starting a pause's re-lookup or
+// backoff).
+//
+// A READ, in the order the files read:
+//
+//	vqp.go       VQP.Read -> do: admit (VQPDepth), post, wait, release
+//	post.go      post: usable peer (liveness.go), build the op
+//	precheck.go  pre-check against the directory cache (peerdir.go)
+//	fence.go     enqueue: the VQP's route queue, or held behind its fence
+//	rc.go        noteTraffic: a peer turning hot starts an RC connection
+//	kick.go      kick: the queue onto the peer's DCI (dci.go) or RC QP
+//	wait.go      wait: drive the device or wait for the dispatcher
+//	complete.go  the send completion: its QP's accounting
+//	effects.go   finishLocked, then deliver (after the peer's lock)
+//
+// Errors continue in failures.go; messages in msg.go (wire), msgsend.go,
+// msgrecv.go, port.go, rendezvous.go, staging.go and msgbuf.go; the
+// figures in stats.go and stattable.go.
+//
 // # Concurrency and locks
 //
 // Node, VQP and Port methods may be called from any goroutine. Locks, in
@@ -210,9 +255,9 @@
 //	Node.pollMu  serializes send completion processing
 //	Node.mu      the peer table and LRU
 //	peer.mu      everything of one peer: metadata, directory cache, queues,
-//	             its DCI and RC connection, and its VQPs' routing state
+//	             its DCI, its rcLink, liveness and pause, and its VQPs' fences
 //	Node.dcMu    the DCI arbiter and DCI handovers (peer.grant)
-//	Node.rcMu    the RC pool's accounting
+//	rcPool.mu    the RC pool's accounting (rcConn.lastUsed is atomic)
 //	VQP.mu       a VQP's admission count and completions
 //	memCache.mu  registrations
 //
@@ -250,5 +295,7 @@
 // transport, fences and switches, DCI waits and yields, pre-check
 // refusals by cause, QP errors and recoveries, re-posted WRs, re-lookups,
 // RC connections, evictions and teardowns, directory reads, and message
-// bytes delivered and copied per path. Node.Peer describes one peer.
+// bytes delivered and copied per path. Each figure is one row of the stat
+// table (stattable.go), which also names the Prometheus metric that
+// exports it (package node). Node.Peer describes one peer.
 package qpcore

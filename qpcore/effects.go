@@ -101,9 +101,7 @@ func (n *Node) apply(e *effects) {
 			e.connect = e.connect[:len(e.connect)-1]
 			if !n.goSafe(func() { n.connectRC(p) }) {
 				p.mu.Lock()
-				if p.rcPhase == rcConnecting {
-					p.setRCLocked(rcNone)
-				}
+				p.rc.abort(time.Time{})
 				p.mu.Unlock()
 			}
 		case len(e.relook) > 0:
@@ -188,11 +186,8 @@ func (n *Node) finishLocked(p *peer, o *op, err error, e *effects) {
 	}
 	p.active--
 	n.ops.del(o)
-	if v := o.v; counted {
-		v.out[o.route]--
-		if len(v.held) > 0 && v.out[o.route] == 0 {
-			n.settleLocked(p, v)
-		}
+	if counted {
+		n.doneLocked(p, o.v, o.route)
 	}
 	e.done = append(e.done, o)
 }

@@ -48,21 +48,14 @@ func (n *Node) onQPError(q verbs.QP) {
 		return
 	}
 	n.stats.qpEvents.Add(1)
-	var c *rcConn
-	n.rcMu.Lock()
-	for _, x := range n.rcConns {
-		if x.qp == q {
-			c = x
-		}
-	}
-	n.rcMu.Unlock()
+	c := n.rcs.find(q)
 	if c == nil {
 		return
 	}
 	p := c.p
 	e := n.newEffects()
 	p.mu.Lock()
-	if p.rc == c && !c.errored {
+	if p.rc.conn == c && !c.errored {
 		c.errored = true
 		n.stats.qpErrors.Add(1)
 		if c.out == 0 {

@@ -37,7 +37,8 @@ func TestFenceStateMachine(t *testing.T) {
 	}
 	post(&p.dcq)
 	// The RC QP becomes ready while d1 and d2 are in flight on DC.
-	p.rc, p.rcPhase = &rcConn{p: p}, rcReady
+	p.rc.connect()
+	p.rc.up(&rcConn{p: p})
 	n.settleAllLocked(p)
 	r1 := newRead()
 	r2 := newRead()
@@ -60,7 +61,7 @@ func TestFenceStateMachine(t *testing.T) {
 	}
 	post(&p.rcq)
 	// The RC QP drains (evicted): new ops wait for r1, r2, then go to DC.
-	p.setRCLocked(rcDraining)
+	p.rc.drain()
 	n.settleAllLocked(p)
 	d3 := newRead()
 	if d3.state != opHeld {
@@ -74,8 +75,9 @@ func TestFenceStateMachine(t *testing.T) {
 	// A VQP with nothing in flight switches at once, no fence.
 	post(&p.dcq)
 	n.finishLocked(p, d3, nil, e)
-	p.rcPhase = rcConnecting
-	p.setRCLocked(rcReady)
+	p.rc.closeDrained(0)
+	p.rc.connect()
+	p.rc.up(&rcConn{p: p})
 	r3 := newRead()
 	if r3.state != opQueued || r3.route != RC || n.stats.fences.Load() != 2 {
 		t.Fatalf("idle VQP: %v on %v, fences %d", r3.state, r3.route, n.stats.fences.Load())
@@ -98,6 +100,6 @@ func TestStateStrings(t *testing.T) {
 			t.Error("invalid RC transition did not panic")
 		}
 	}()
-	p := &peer{}
-	p.setRCLocked(rcDraining)
+	var l rcLink
+	l.set(rcDraining)
 }

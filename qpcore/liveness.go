@@ -51,11 +51,70 @@ const (
 	deathStrikes = 3
 )
 
+// liveness is what a peer's answers and silences say of it, one type: its
+// fields change only through its methods. Guarded by the peer's mu.
+//
+//	up --(deathStrikes silent attempts over deathStrikes attempts' time)--> down
+//	down --(any answer)--> up
+//	down: new operations refused, but one probe per attempt
+type liveness struct {
+	strikes    int       // consecutive retry-exhausted failures, no answer since
+	silentFrom time.Time // no answer from the peer since then (valid if strikes > 0)
+	down       bool      // declared down on evidence of death
+	probeAt    time.Time // while down: when the next operation may go as a probe
+}
+
+// answered records an answer and reports whether it brought the peer
+// back up.
+func (l *liveness) answered() bool {
+	l.strikes = 0
+	if !l.down {
+		return false
+	}
+	l.down = false
+	return true
+}
+
+// struck records a retry-exhausted attempt (of length attempt) at now and
+// reports whether the evidence now says the peer is dead: it is then down.
+func (l *liveness) struck(now time.Time, attempt time.Duration) bool {
+	if l.strikes == 0 {
+		// The failed attempt went unanswered for a whole attempt.
+		l.silentFrom = now.Add(-attempt)
+	}
+	l.strikes++
+	if l.down || l.strikes < deathStrikes || now.Sub(l.silentFrom) < deathStrikes*attempt {
+		return false
+	}
+	l.down = true
+	l.probeAt = now.Add(attempt)
+	return true
+}
+
+// firstSilence reports whether the last strike was the first since an
+// answer.
+func (l *liveness) firstSilence() bool { return l.strikes == 1 }
+
+// refuses reports whether a new operation must fail: the peer is down
+// and the operation cannot be its probe (busy: something else is in
+// flight to it, or the last probe was less than an attempt ago). The
+// clock is read only for a down peer.
+func (l *liveness) refuses(c clock.Clock, busy bool) bool {
+	return l.down && (busy || c.Now().Before(l.probeAt))
+}
+
+// admitted records an operation admitted: to a down peer it is the probe,
+// and the next one waits an attempt. The clock is read only for a down
+// peer.
+func (l *liveness) admitted(c clock.Clock, attempt time.Duration) {
+	if l.down {
+		l.probeAt = c.Now().Add(attempt)
+	}
+}
+
 // answeredLocked records an answer from p: it is alive.
 func (n *Node) answeredLocked(p *peer) {
-	p.strikes = 0
-	if p.down {
-		p.down = false
+	if p.live.answered() {
 		n.stats.peersUp.Add(1)
 	}
 }
@@ -63,16 +122,9 @@ func (n *Node) answeredLocked(p *peer) {
 // struckLocked records a retry-exhausted attempt to p at now and reports
 // whether the evidence now says p is dead (it is then marked down).
 func (n *Node) struckLocked(p *peer, now time.Time) bool {
-	if p.strikes == 0 {
-		// The failed attempt went unanswered for a whole attempt.
-		p.silentFrom = now.Add(-n.attempt)
-	}
-	p.strikes++
-	if p.down || p.strikes < deathStrikes || now.Sub(p.silentFrom) < deathStrikes*n.attempt {
+	if !p.live.struck(now, n.attempt) {
 		return false
 	}
-	p.down = true
-	p.probeAt = now.Add(n.attempt)
 	n.stats.peersDown.Add(1)
 	n.stats.unreachable.Add(1)
 	return true
@@ -96,7 +148,7 @@ func (o *op) limit() time.Time {
 
 // expiredErr is the error of an operation that ran out of time.
 func (n *Node) expiredErr(p *peer, o *op) error {
-	if p.down {
+	if p.live.down {
 		return n.downErr(p, nil)
 	}
 	return fmt.Errorf("%w: %v to gid %d not done within %v", ErrTimeout, o.code, p.gid, n.cfg.PeerTimeout)
@@ -110,7 +162,7 @@ func (n *Node) usableLocked(p *peer) error {
 	if p.closed {
 		return ErrClosed
 	}
-	if p.down && (p.active > 0 || n.clock.Now().Before(p.probeAt)) {
+	if p.live.refuses(n.clock, p.active > 0) {
 		return n.downErr(p, nil)
 	}
 	return nil
@@ -145,32 +197,11 @@ func (n *Node) expireLocked(p *peer, now time.Time, e *effects) {
 	for _, q := range []*opQueue{&p.dcq, &p.rcq} {
 		out = append(out, q.filter(keep)...)
 	}
-	k := 0
-	for _, o := range p.stalled {
-		if late(o) {
-			out = append(out, o)
-		} else {
-			p.stalled[k] = o
-			k++
-		}
-	}
-	clear(p.stalled[k:])
-	p.stalled = p.stalled[:k]
+	out = append(out, p.pause.expire(late)...)
 	for _, v := range append([]*VQP(nil), p.held...) {
-		var gone []*op
-		j := 0
-		for _, o := range v.held {
-			if late(o) {
-				gone = append(gone, o)
-			} else {
-				v.held[j] = o
-				j++
-			}
-		}
-		clear(v.held[j:])
-		v.held = v.held[:j]
-		if len(v.held) == 0 {
-			n.dropHeldLocked(p, v)
+		gone, empty := v.expire(late)
+		if empty {
+			p.held.drop(v)
 		}
 		out = append(out, gone...)
 	}
@@ -199,10 +230,7 @@ func (n *Node) relookSilent(p *peer) {
 	p.mu.Lock()
 	if err == nil && !p.closed && info.GID == p.gid && info.Addr.IsValid() && info != p.info {
 		p.setInfoLocked(info)
-		if p.rc != nil && p.rcPhase == rcReady {
-			p.setRCLocked(rcDraining)
-			n.rcMaybeCloseLocked(p, e)
-		}
+		n.drainRCLocked(p, e)
 		n.answeredLocked(p)
 		n.kickLocked(p, e)
 	}

@@ -53,10 +53,7 @@ type Node struct {
 	dcMu sync.Mutex // guards arb and every peer.grant
 	arb  *dct.Arbiter[*peer]
 
-	rcMu    sync.Mutex    // guards rcCount and rcConns
-	rcCount int           // RC QPs reserved: connecting, ready or draining
-	rcConns []*rcConn     // ready or draining
-	rcFreed chan struct{} // closed when a slot is freed, if an RC-only connection waits
+	rcs rcPool // the RC QPs' slots (rcpool.go)
 
 	// passiveMu guards passive. The device's receive goroutine takes it
 	// (accept), so it is never held while calling a device function that
@@ -291,11 +288,7 @@ func (n *Node) teardown() error {
 	if n.pool != nil {
 		keep(n.pool.Close())
 	}
-	n.rcMu.Lock()
-	conns := n.rcConns
-	n.rcConns = nil
-	n.rcMu.Unlock()
-	for _, c := range conns {
+	for _, c := range n.rcs.takeAll() {
 		keep(c.qp.Destroy())
 	}
 	// verbs cannot unregister a CM listener: a nil map makes accept
@@ -362,15 +355,7 @@ func (n *Node) run() {
 
 func (n *Node) housekeep() {
 	now := n.clock.Now()
-	n.rcMu.Lock()
-	var idle []*rcConn
-	for _, c := range n.rcConns {
-		if now.Sub(time.Unix(0, c.lastUsed.Load())) > n.cfg.RCIdle {
-			idle = append(idle, c)
-		}
-	}
-	n.rcMu.Unlock()
-	for _, c := range idle {
+	for _, c := range n.rcs.idle(now, n.cfg.RCIdle) {
 		if n.drainRC(c) {
 			n.stats.rcIdle.Add(1)
 		}

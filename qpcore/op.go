@@ -305,6 +305,25 @@ func (q *opQueue) filter(keep func(*op) bool) []*op {
 	return out
 }
 
+// takeOps removes from *ops, in place, those for which take returns
+// true, and returns them; both keep their order.
+func takeOps(ops *[]*op, take func(*op) bool) []*op {
+	s := *ops
+	var out []*op
+	k := 0
+	for _, o := range s {
+		if take(o) {
+			out = append(out, o)
+		} else {
+			s[k] = o
+			k++
+		}
+	}
+	clear(s[k:])
+	*ops = s[:k]
+	return out
+}
+
 // opTable maps WR IDs to ops. An ID is the op's slot in the table (low
 // 32 bits) and the count of ops added when it was made (high 32 bits,
 // never 0), so that a late completion of a finished op never matches the

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/verbs"
@@ -25,119 +23,8 @@ type Resolver interface {
 	Invalidate(gid uint32)
 }
 
-// pauseState says whether a peer's queues may be posted.
-//
-//	none --(DC key / no-QP NAK)------------------------> resolve --(re-lookup done)--> none
-//	none --(RNR retries exhausted on a SEND)-----------> rnr -----(backoff elapsed)--> none
-type pauseState uint8
-
-const (
-	pauseNone    pauseState = iota
-	pauseResolve            // re-looking the peer up; failed ops wait in stalled
-	pauseRNR                // the receiver had no buffer; stalled ops retry after a backoff
-)
-
-func (s pauseState) String() string {
-	switch s {
-	case pauseNone:
-		return "none"
-	case pauseResolve:
-		return "resolve"
-	case pauseRNR:
-		return "rnr"
-	}
-	return fmt.Sprintf("pauseState(%d)", uint8(s))
-}
-
-// rcPhase is the state of a peer's RC connection.
-//
-//	none --(hot)--> connecting --(handshake done)--> ready --(idle, LRU victim,
-//	  ^                 |                              |     peer changed)--> draining
-//	  +----(failed)-----+                              |                         |
-//	  +--------------------(QP error)------------------+                         |
-//	  +----------------------------(drained, or QP error)------------------------+
-type rcPhase uint8
-
-const (
-	rcNone rcPhase = iota
-	rcConnecting
-	rcReady
-	rcDraining
-)
-
-func (s rcPhase) String() string {
-	switch s {
-	case rcNone:
-		return "none"
-	case rcConnecting:
-		return "connecting"
-	case rcReady:
-		return "ready"
-	case rcDraining:
-		return "draining"
-	}
-	return fmt.Sprintf("rcPhase(%d)", uint8(s))
-}
-
-func rcTransitionOK(from, to rcPhase) bool {
-	switch to {
-	case rcConnecting:
-		return from == rcNone
-	case rcReady:
-		return from == rcConnecting
-	case rcDraining:
-		return from == rcReady
-	case rcNone:
-		return from != rcNone
-	}
-	return false
-}
-
-// dciSlot is one DCI of the pool. While a peer owns it (see dct.Arbiter)
-// its fields are guarded by that peer's mu; a DCI changes owner only when
-// out is 0 and it is not errored.
-type dciSlot struct {
-	idx     int
-	qp      verbs.QP
-	out     int       // WRs posted and not completed
-	errored bool      // an error completion arrived: recovering
-	failed  []failure // error and flushed completions, in completion order
-}
-
-// failure is an operation's error completion.
-type failure struct {
-	o   *op
-	st  verbs.Status
-	why verbs.Reason
-}
-
-// rcConn is an RC QP this node initiated to a peer. Its fields other
-// than lastUsed are guarded by the peer's mu.
-type rcConn struct {
-	p        *peer
-	qp       verbs.QP
-	out      int
-	errored  bool
-	failed   []failure
-	lastUsed atomic.Int64 // unix nanoseconds of the last post
-}
-
-// meter counts operations in a tumbling window.
-type meter struct {
-	start time.Time
-	n     int
-}
-
-func (m *meter) add(now time.Time, window time.Duration, k int) int {
-	if now.Sub(m.start) > window {
-		m.start, m.n = now, 0
-	}
-	m.n += k
-	return m.n
-}
-
 // peer is what this node keeps for one remote node. Lock order:
-// Node.mu -> peer.mu -> (Node.dcMu | Node.rcMu | VQP.mu | memCache.mu);
+// Node.mu -> peer.mu -> (Node.dcMu | rcPool.mu | VQP.mu | memCache.mu);
 // never two peers' mu at once.
 type peer struct {
 	n   *Node
@@ -155,29 +42,11 @@ type peer struct {
 	closed    bool
 	info      meta.NodeInfo
 	target    verbs.DCTarget
-	pause     pauseState
-	stalled   []*op // failed ops waiting for the pause to end, in order
+	pause     peerPause // re-lookup or RNR backoff, and its stalled ops (pause.go)
 
-	// Liveness (see liveness.go).
-	strikes    int       // consecutive retry-exhausted failures, no answer since
-	silentFrom time.Time // no answer from the peer since then (valid if strikes > 0)
-	down       bool      // declared down on evidence of death
-	probeAt    time.Time // while down: when the next operation may go as a probe
+	live liveness // what its answers and silences say (liveness.go)
 
-	// Region directory cache. dirHint: dir holds only the default
-	// region, from the meta entry's hint (no directory READ yet);
-	// dirHintOwner: the hint also carries the region's mode and owner
-	// (the entry had them), so it can answer a stat (FreshRegion).
-	dir          map[string]Region
-	dirValid     bool
-	dirHint      bool
-	dirHintOwner bool
-	dirFetching  bool
-	dirWait      chan struct{} // closed when the fetch in progress ends
-	dirErr       error
-	dirAt        time.Time
-	dirTorn      int       // torn READs in a row
-	dirTornSince time.Time // clock time of the first of them
+	dir dirCache // its region directory (dircache.go, peerdir.go)
 
 	// DC endpoint.
 	dci       *dciSlot
@@ -185,24 +54,14 @@ type peer struct {
 	dciPosted int      // WRs posted on dci in this turn (quota)
 	dcq       opQueue
 
-	// RC connection.
-	rcOnly    bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
-	rcPhase   rcPhase
-	rc        *rcConn
-	rcq       opQueue
-	rcRetryAt time.Time
-	meter     meter
+	// RC connection (rclink.go).
+	rcOnly bool // no DC to this peer (this node or the peer has none): its DC queue goes on rc
+	rc     rcLink
+	rcq    opQueue
 
-	held   []*VQP // VQPs with held ops (switching fence)
-	sys    *VQP   // internal VQP: directory reads, messages
-	active int    // ops not done
-}
-
-func (p *peer) setRCLocked(to rcPhase) {
-	if !rcTransitionOK(p.rcPhase, to) {
-		panic(fmt.Sprintf("qpcore: peer %d: RC %v -> %v", p.gid, p.rcPhase, to))
-	}
-	p.rcPhase = to
+	held   fencedVQPs // VQPs with held ops (switching fence)
+	sys    *VQP       // internal VQP: directory reads, messages
+	active int        // ops not done
 }
 
 func (p *peer) queue(t Transport) *opQueue {
@@ -223,15 +82,13 @@ func (p *peer) setInfoLocked(info meta.NodeInfo) {
 	if old.Incarnation != info.Incarnation || old.DirRKey != info.DirRKey || old.DirLen != info.DirLen ||
 		old.MemRKey != info.MemRKey || old.MemLen != info.MemLen || old.MemOwnerKnown != info.MemOwnerKnown ||
 		old.MemMode != info.MemMode || old.MemUID != info.MemUID || old.MemGID != info.MemGID {
-		p.dirValid, p.dirHint = false, false
-		p.dir = nil
-		p.seedHintLocked()
+		p.dir.reset(&p.info, p.n.clock)
 	}
 }
 
 // idleLocked reports whether the peer holds no resources and no work.
 func (p *peer) idleLocked() bool {
-	if p.active != 0 || p.dci != nil || p.rcPhase != rcNone || p.pause != pauseNone || p.dirFetching {
+	if p.active != 0 || p.dci != nil || !p.rc.idle() || p.pause.active() || p.dir.fetching {
 		return false
 	}
 	p.n.dcMu.Lock()

@@ -45,48 +45,26 @@ const DefaultRegion = "mem"
 // name makes qpcore read it again.
 const dirRefreshMin = 5 * time.Millisecond
 
-// seedHintLocked starts an empty directory cache with the default region
-// from the meta entry, if the entry has one.
-func (p *peer) seedHintLocked() {
-	if p.dirValid || p.dirFetching || p.info.MemRKey == 0 || p.info.MemLen == 0 {
-		return
-	}
-	r := Region{Name: DefaultRegion, RKey: p.info.MemRKey, Len: p.info.MemLen, Access: p.info.MemAccess}
-	if p.info.MemOwnerKnown {
-		r.Mode, r.UID, r.GID = p.info.MemMode, p.info.MemUID, p.info.MemGID
-	}
-	p.dir = map[string]Region{DefaultRegion: r}
-	p.dirValid, p.dirHint, p.dirHintOwner, p.dirAt = true, true, p.info.MemOwnerKnown, p.n.clock.Now()
-}
-
-// ownerHintLocked reports whether p's directory cache is a hint that can
-// describe name fully (mode and owner included) and is no older than
-// maxAge.
-func (n *Node) ownerHintLocked(p *peer, name string, maxAge time.Duration) bool {
-	return name == DefaultRegion && p.dirHint && p.dirHintOwner && p.dirValid && !p.dirFetching &&
-		maxAge > 0 && clock.Since(n.clock, p.dirAt) <= maxAge
-}
-
 // regionLocked finds a region of p by name. It may release and retake
 // p.mu.
 func (n *Node) regionLocked(ctx context.Context, p *peer, name string) (Region, error) {
-	if p.dirHint && p.dirValid && name == DefaultRegion {
+	if p.dir.hint && p.dir.valid && name == DefaultRegion {
 		if err := n.usableLocked(p); err != nil {
 			return Region{}, err
 		}
 		n.stats.dirHints.Add(1)
-		return p.dir[name], nil
+		return p.dir.regions[name], nil
 	}
 	if err := n.ensureDirLocked(ctx, p); err != nil {
 		return Region{}, err
 	}
-	r, ok := p.dir[name]
-	if !ok && clock.Since(n.clock, p.dirAt) > dirRefreshMin {
-		p.dirValid = false
+	r, ok := p.dir.regions[name]
+	if !ok && clock.Since(n.clock, p.dir.at) > dirRefreshMin {
+		p.dir.valid = false
 		if err := n.ensureDirLocked(ctx, p); err != nil {
 			return Region{}, err
 		}
-		r, ok = p.dir[name]
+		r, ok = p.dir.regions[name]
 	}
 	if !ok {
 		return Region{}, fmt.Errorf("%w: %q on gid %d", ErrNoRegion, name, p.gid)
@@ -102,15 +80,15 @@ func (n *Node) ensureDirLocked(ctx context.Context, p *peer) error {
 		if err := n.usableLocked(p); err != nil {
 			return err
 		}
-		if p.dirValid && !p.dirHint {
+		if p.dir.full() {
 			return nil
 		}
-		if tries > 0 && p.dirErr != nil && !p.dirFetching {
-			return p.dirErr
+		if tries > 0 && p.dir.err != nil && !p.dir.fetching {
+			return p.dir.err
 		}
 		e := n.newEffects()
 		n.fetchDirLocked(p)
-		ch := p.dirWait
+		ch := p.dir.wait
 		n.kickLocked(p, e)
 		p.mu.Unlock()
 		n.apply(e)
@@ -135,8 +113,8 @@ func (n *Node) ensureDirLocked(ctx context.Context, p *peer) error {
 func (v *VQP) FreshRegions(ctx context.Context, maxAge time.Duration) ([]Region, error) {
 	p := v.p
 	p.mu.Lock()
-	if p.dirValid && !p.dirFetching && clock.Since(v.n.clock, p.dirAt) > maxAge {
-		p.dirValid, p.dirHint = false, false
+	if p.dir.valid && !p.dir.fetching && clock.Since(v.n.clock, p.dir.at) > maxAge {
+		p.dir.invalidate()
 	}
 	p.mu.Unlock()
 	return v.Regions(ctx)
@@ -152,22 +130,22 @@ func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration
 	p := v.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if v.n.ownerHintLocked(p, name, maxAge) {
+	if p.dir.ownerHint(name, maxAge, v.n.clock) {
 		if err := v.n.usableLocked(p); err != nil {
 			return Region{}, err
 		}
-		if r, ok := p.dir[name]; ok {
+		if r, ok := p.dir.regions[name]; ok {
 			v.n.stats.dirHints.Add(1)
 			return r, nil
 		}
 	}
-	if (p.dirHint || clock.Since(v.n.clock, p.dirAt) > maxAge) && p.dirValid && !p.dirFetching {
-		p.dirValid, p.dirHint = false, false
+	if (p.dir.hint || clock.Since(v.n.clock, p.dir.at) > maxAge) && p.dir.valid && !p.dir.fetching {
+		p.dir.invalidate()
 	}
 	if err := v.n.ensureDirLocked(ctx, p); err != nil {
 		return Region{}, err
 	}
-	r, ok := p.dir[name]
+	r, ok := p.dir.regions[name]
 	if !ok {
 		return Region{}, fmt.Errorf("%w: %q on gid %d", ErrNoRegion, name, p.gid)
 	}
@@ -188,9 +166,9 @@ func (v *VQP) FreshRegion(ctx context.Context, name string, maxAge time.Duration
 func (v *VQP) FreshSize(ctx context.Context, name string, maxAge time.Duration) (uint64, error) {
 	p := v.p
 	p.mu.Lock()
-	if name == DefaultRegion && p.dirValid && !p.dirFetching {
-		r, ok := p.dir[name]
-		hint := p.dirHint
+	if name == DefaultRegion && p.dir.valid && !p.dir.fetching {
+		r, ok := p.dir.regions[name]
+		hint := p.dir.hint
 		if err := v.n.usableLocked(p); err != nil {
 			p.mu.Unlock()
 			return 0, err
@@ -225,24 +203,24 @@ func RetryableStale(err error) bool {
 // fetchDirLocked starts reading p's directory with one READ, unless a
 // read is in progress or the directory is valid.
 func (n *Node) fetchDirLocked(p *peer) {
-	if p.dirFetching || (p.dirValid && !p.dirHint) {
+	if p.dir.fetching || p.dir.full() {
 		return
 	}
-	if p.dirWait == nil {
-		p.dirWait = make(chan struct{})
+	if p.dir.wait == nil {
+		p.dir.wait = make(chan struct{})
 	}
-	p.dirErr = nil
+	p.dir.err = nil
 	if p.info.DirLen == 0 || p.info.DirRKey == 0 {
-		n.dirDoneLocked(p, map[string]Region{}, nil)
+		p.dir.done(map[string]Region{}, nil, n.clock.Now())
 		return
 	}
 	buf := make([]byte, p.info.DirLen)
 	mr, err := n.pd.RegMR(buf, verbs.AccessLocalWrite)
 	if err != nil {
-		n.dirDoneLocked(p, nil, err)
+		p.dir.done(nil, err, n.clock.Now())
 		return
 	}
-	p.dirFetching = true
+	p.dir.fetching = true
 	o := newOp()
 	o.v, o.p, o.code, o.sys = p.sys, p, opRawRead, true
 	o.local, o.lmr, o.tmp, o.rkey = buf, mr, true, p.info.DirRKey
@@ -263,22 +241,22 @@ func (n *Node) dirFetched(o *op) {
 	}
 	e := n.newEffects()
 	p.mu.Lock()
-	p.dirFetching = false
+	p.dir.fetching = false
 	now := n.clock.Now()
-	if errors.Is(err, errTorn) && p.dirTorn == 0 {
-		p.dirTornSince = now
+	if errors.Is(err, errTorn) && p.dir.torn == 0 {
+		p.dir.tornSince = now
 	}
 	if errors.Is(err, errTorn) && !p.closed &&
-		(p.dirTorn < dirTornAtOnce || now.Sub(p.dirTornSince) < n.cfg.PeerTimeout) {
-		p.dirTorn++
+		(p.dir.torn < dirTornAtOnce || now.Sub(p.dir.tornSince) < n.cfg.PeerTimeout) {
+		p.dir.torn++
 		n.stats.dirTorn.Add(1)
-		if p.dirTorn <= dirTornAtOnce {
+		if p.dir.torn <= dirTornAtOnce {
 			n.fetchDirLocked(p)
 		} else {
 			// The writer may be a thread the peer's host left unscheduled
 			// in the middle of an update: give it time.
-			p.dirFetching = true // no other fetch while we wait
-			backoff := min(dirTornBackoff<<min(p.dirTorn-dirTornAtOnce-1, 10), dirTornBackoffMax)
+			p.dir.fetching = true // no other fetch while we wait
+			backoff := min(dirTornBackoff<<min(p.dir.torn-dirTornAtOnce-1, 10), dirTornBackoffMax)
 			n.clock.AfterFunc(backoff, func() {
 				if !n.goSafe(func() { n.refetchDir(p) }) {
 					n.refetchDir(p) // closed: only ends the wait, with ErrClosed
@@ -287,10 +265,10 @@ func (n *Node) dirFetched(o *op) {
 		}
 	} else {
 		if errors.Is(err, errTorn) {
-			err = fmt.Errorf("%w: records kept changing during %d READs (%v)", ErrDirectory, p.dirTorn+1, now.Sub(p.dirTornSince))
+			err = fmt.Errorf("%w: records kept changing during %d READs (%v)", ErrDirectory, p.dir.torn+1, now.Sub(p.dir.tornSince))
 		}
-		p.dirTorn = 0
-		n.dirDoneLocked(p, regions, err)
+		p.dir.torn = 0
+		p.dir.done(regions, err, now)
 		if err != nil {
 			// Operations waiting for the directory cannot be checked.
 			for _, q := range []*opQueue{&p.dcq, &p.rcq} {
@@ -321,35 +299,16 @@ const (
 func (n *Node) refetchDir(p *peer) {
 	e := n.newEffects()
 	p.mu.Lock()
-	p.dirFetching = false
+	p.dir.fetching = false
 	if p.closed {
-		n.dirDoneLocked(p, nil, ErrClosed)
-		p.dirTorn = 0
+		p.dir.done(nil, ErrClosed, n.clock.Now())
+		p.dir.torn = 0
 	} else {
 		n.fetchDirLocked(p)
 	}
 	n.kickLocked(p, e)
 	p.mu.Unlock()
 	n.apply(e)
-}
-
-func (n *Node) dirDoneLocked(p *peer, regions map[string]Region, err error) {
-	if err != nil {
-		p.dirErr = err
-		p.dirValid, p.dirHint = false, false
-	} else {
-		p.dir, p.dirValid, p.dirHint, p.dirAt, p.dirErr = regions, true, false, n.clock.Now(), nil
-	}
-	if p.dirWait != nil {
-		close(p.dirWait)
-		p.dirWait = nil
-	}
-}
-
-// invalidateDirLocked makes the next user operation read the directory
-// again (after a NAK that says the cached one is wrong).
-func (n *Node) invalidateDirLocked(p *peer) {
-	p.dirValid, p.dirHint = false, false
 }
 
 // reachable checks that this node can reach a peer of info's transport

@@ -1,12 +1,8 @@
 package qpcore
 
 import (
-	"cmp"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/krfs/krfs/clock"
@@ -48,11 +44,8 @@ func (n *Node) connectRC(p *peer) {
 	fail := func(q verbs.QP, reserved bool, why error) {
 		e := n.newEffects()
 		p.mu.Lock()
-		if p.rcPhase == rcConnecting {
-			p.setRCLocked(rcNone)
-		}
-		p.rcRetryAt = n.clock.Now().Add(n.cfg.RCWindow)
-		if rcOnly && p.rcOnly && p.rc == nil {
+		p.rc.abort(n.clock.Now().Add(n.cfg.RCWindow))
+		if rcOnly && p.rcOnly && p.rc.conn == nil {
 			// Nothing else can carry the peer's operations: they fail.
 			for _, o := range p.dcq.take() {
 				n.finishLocked(p, o, why, e)
@@ -64,7 +57,7 @@ func (n *Node) connectRC(p *peer) {
 			q.Destroy()
 		}
 		if reserved {
-			n.freeRCSlot()
+			n.rcs.free()
 		}
 	}
 	// The connection, slot wait included, takes at most PeerTimeout.
@@ -101,17 +94,14 @@ func (n *Node) connectRC(p *peer) {
 	c.lastUsed.Store(n.clock.Now().UnixNano())
 	e := n.newEffects()
 	p.mu.Lock()
-	if p.closed || p.rcPhase != rcConnecting || p.info.Incarnation != info.Incarnation {
+	if p.closed || !p.rc.connecting() || p.info.Incarnation != info.Incarnation {
 		p.mu.Unlock()
 		n.stats.rcConnectFailures.Add(1)
 		fail(q, true, fmt.Errorf("%w: gid %d changed while its RC QP connected", ErrStale, p.gid))
 		return
 	}
-	p.rc = c
-	p.setRCLocked(rcReady)
-	n.rcMu.Lock()
-	n.rcConns = append(n.rcConns, c)
-	n.rcMu.Unlock()
+	p.rc.up(c)
+	n.rcs.add(c)
 	n.stats.rcConnects.Add(1)
 	n.settleAllLocked(p)
 	n.kickLocked(p, e)
@@ -123,20 +113,10 @@ func (n *Node) connectRC(p *peer) {
 // evicting the least recently used QP idle for at least RCWindow and
 // returns false.
 func (n *Node) reserveRC() bool {
-	n.rcMu.Lock()
-	if n.rcCount < n.cfg.RCCap {
-		n.rcCount++
-		n.rcMu.Unlock()
+	if n.rcs.reserve(n.cfg.RCCap) {
 		return true
 	}
-	cutoff := n.clock.Now().Add(-n.cfg.RCWindow).UnixNano()
-	var victim *rcConn
-	for _, c := range n.rcConns {
-		if t := c.lastUsed.Load(); t < cutoff && (victim == nil || t < victim.lastUsed.Load()) {
-			victim = c
-		}
-	}
-	n.rcMu.Unlock()
+	victim := n.rcs.victim(n.clock.Now().Add(-n.cfg.RCWindow).UnixNano())
 	if victim != nil && n.drainRC(victim) {
 		n.stats.rcEvictions.Add(1)
 	}
@@ -150,22 +130,12 @@ func (n *Node) reserveRC() bool {
 // (ErrRCPoolFull).
 func (n *Node) reserveRCWait(ctx context.Context) error {
 	for {
-		n.rcMu.Lock()
-		if n.rcCount < n.cfg.RCCap {
-			n.rcCount++
-			n.rcMu.Unlock()
+		ok, freed, lru := n.rcs.reserveOrWatch(n.cfg.RCCap)
+		if ok {
 			return nil
 		}
-		freed := n.rcFreed
-		if freed == nil {
-			freed = make(chan struct{})
-			n.rcFreed = freed
-		}
-		conns := slices.Clone(n.rcConns)
-		n.rcMu.Unlock()
-		slices.SortFunc(conns, func(a, b *rcConn) int { return cmp.Compare(a.lastUsed.Load(), b.lastUsed.Load()) })
 		reclaimed := false
-		for _, c := range conns {
+		for _, c := range lru {
 			if n.drainIdleRC(c) {
 				n.stats.rcEvictions.Add(1)
 				reclaimed = true
@@ -189,28 +159,15 @@ func (n *Node) reserveRCWait(ctx context.Context) error {
 	}
 }
 
-// freeRCSlot returns a slot of the RC pool and wakes the RC-only
-// connections waiting for one.
-func (n *Node) freeRCSlot() {
-	n.rcMu.Lock()
-	n.rcCount--
-	if n.rcFreed != nil {
-		close(n.rcFreed)
-		n.rcFreed = nil
-	}
-	n.rcMu.Unlock()
-}
-
 // drainIdleRC tears c down at once if nothing is queued for it or in
 // flight on it. It reports whether it did.
 func (n *Node) drainIdleRC(c *rcConn) bool {
 	p := c.p
 	e := n.newEffects()
 	p.mu.Lock()
-	ok := p.rc == c && p.rcPhase == rcReady && c.out == 0 && !c.errored &&
-		p.rcq.len() == 0 && (!p.rcOnly || p.dcq.len() == 0)
+	ok := p.rc.conn == c && c.out == 0 && !c.errored &&
+		p.rcq.len() == 0 && (!p.rcOnly || p.dcq.len() == 0) && p.rc.drain()
 	if ok {
-		p.setRCLocked(rcDraining)
 		n.rcMaybeCloseLocked(p, e)
 		n.settleAllLocked(p)
 	}
@@ -224,9 +181,8 @@ func (n *Node) drainRC(c *rcConn) bool {
 	p := c.p
 	e := n.newEffects()
 	p.mu.Lock()
-	ok := p.rc == c && p.rcPhase == rcReady
+	ok := p.rc.conn == c && p.rc.drain()
 	if ok {
-		p.setRCLocked(rcDraining)
 		n.rcMaybeCloseLocked(p, e)
 		n.settleAllLocked(p)
 		n.kickLocked(p, e)
@@ -239,81 +195,60 @@ func (n *Node) drainRC(c *rcConn) bool {
 // rcMaybeCloseLocked destroys a draining RC QP once nothing is queued or
 // in flight on it.
 func (n *Node) rcMaybeCloseLocked(p *peer, e *effects) {
-	c := p.rc
-	if c == nil || p.rcPhase != rcDraining || c.out > 0 || c.errored || p.rcq.len() > 0 {
+	c := p.rc.closeDrained(p.rcq.len())
+	if c == nil {
 		return
 	}
-	p.rc = nil
-	p.setRCLocked(rcNone)
 	e.destroy = append(e.destroy, c)
 	n.stats.rcFallbacks.Add(1)
 	n.settleAllLocked(p)
 }
 
+// drainRCLocked drains p's RC QP if it is ready: the peer changed (a new
+// incarnation or address), so the QP reaches the old one.
+func (n *Node) drainRCLocked(p *peer, e *effects) {
+	if p.rc.drain() {
+		n.rcMaybeCloseLocked(p, e)
+	}
+}
+
 // destroyRC destroys c's QP and frees its pool slot.
 func (n *Node) destroyRC(c *rcConn) {
 	c.qp.Destroy()
-	n.rcMu.Lock()
-	i := slices.Index(n.rcConns, c)
-	if i >= 0 {
-		n.rcConns = slices.Delete(n.rcConns, i, i+1)
-	}
-	n.rcMu.Unlock()
-	if i >= 0 {
-		n.freeRCSlot()
+	if n.rcs.remove(c) {
+		n.rcs.free()
 	}
 }
 
-// passiveRC is an RC QP accepted from a peer.
-type passiveRC struct {
-	since  time.Time
-	lastRx uint64
-	lastAt time.Time
+// dropErroredRCLocked drops p's RC QP c, in ERR with nothing in flight: it
+// needs a new handshake, so the peer falls back to DC.
+func (n *Node) dropErroredRCLocked(p *peer, c *rcConn, e *effects) {
+	failed := c.failed
+	c.failed = nil
+	p.rc.drop(c, n.clock.Now().Add(n.cfg.RCIdle))
+	e.destroy = append(e.destroy, c)
+	n.stats.rcErrors.Add(1)
+	n.stats.rcFallbacks.Add(1)
+	// Operations queued for RC go to DC after the failed ones.
+	rest := p.rcq.take()
+	for _, x := range rest {
+		n.rerouteLocked(x)
+	}
+	p.dcq.pushFront(rest)
+	for _, f := range failed {
+		n.rerouteLocked(f.o)
+	}
+	n.handleFailuresLocked(p, failed, true, e)
+	n.settleAllLocked(p)
 }
 
-var errPassiveFull = errors.New("qpcore: passive RC pool full")
-
-// accept is the connection manager's accept function. It runs on the
-// device's receive path: it takes only passiveMu.
-func (n *Node) accept(req verbs.ConnRequest) (verbs.QP, []byte, error) {
-	if len(req.Private) >= 12 {
-		if inc := binary.LittleEndian.Uint64(req.Private[4:]); inc != n.incarnation {
-			return nil, nil, errors.New("qpcore: connection for another incarnation")
-		}
+// noteTrafficLocked accounts k new ops of v and starts building an RC QP
+// when the peer turned hot.
+func (n *Node) noteTrafficLocked(p *peer, v *VQP, now time.Time, k int, e *effects) {
+	if v.sys || p.rcOnly || n.cfg.DisableRC || k == 0 {
+		return
 	}
-	n.passiveMu.Lock()
-	defer n.passiveMu.Unlock()
-	if n.passive == nil || len(n.passive) >= 4*n.cfg.RCCap {
-		return nil, nil, errPassiveFull
-	}
-	q, err := n.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: n.scq, RecvCQ: n.rcq, SRQ: n.target.SRQ(),
-		Caps: verbs.QPCaps{MaxSendWR: 1, MaxRecvWR: 1}})
-	if err != nil {
-		return nil, nil, err
-	}
-	now := n.clock.Now()
-	n.passive[q] = &passiveRC{since: now, lastAt: now}
-	n.stats.rcAccepted.Add(1)
-	return q, nil, nil
-}
-
-// reclaimPassive destroys passive QPs in ERR or idle for 2*RCIdle.
-func (n *Node) reclaimPassive(now time.Time) {
-	n.passiveMu.Lock()
-	var victims []verbs.QP
-	for q, s := range n.passive {
-		info := q.Info()
-		if info.Stats.RxPackets != s.lastRx {
-			s.lastRx, s.lastAt = info.Stats.RxPackets, now
-		}
-		if info.State == verbs.StateErr || now.Sub(s.lastAt) > 2*n.cfg.RCIdle {
-			delete(n.passive, q)
-			victims = append(victims, q)
-		}
-	}
-	n.passiveMu.Unlock()
-	for _, q := range victims {
-		q.Destroy()
-		n.stats.rcReclaimed.Add(1)
+	if p.rc.hot(now, n.cfg.RCWindow, n.cfg.RCThreshold, k) {
+		e.connect = append(e.connect, p)
 	}
 }

@@ -28,7 +28,7 @@ func waitUntil(cond func() bool) {
 func TestRCPoolFull(t *testing.T) {
 	clk := softnictest.NewManualClock(time.Time{})
 	n := &Node{cfg: Config{RCCap: 1, Tick: 10 * time.Millisecond, PeerTimeout: time.Second}, clock: clk}
-	n.rcCount = 1 // one RC QP busy, not reclaimable (not in rcConns)
+	n.rcs.count = 1 // one RC QP busy, not reclaimable (not listed)
 
 	ctx, cancel := clock.WithTimeout(context.Background(), clk, n.cfg.PeerTimeout)
 	defer cancel()
@@ -52,8 +52,8 @@ func TestRCPoolFull(t *testing.T) {
 	if !errors.Is(err, ErrRCPoolFull) || !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("reserveRCWait past its deadline = %v, want ErrRCPoolFull (EBUSY)", err)
 	}
-	if n.rcCount != 1 {
-		t.Fatalf("a failed wait changed the pool: %d reserved", n.rcCount)
+	if n.rcs.count != 1 {
+		t.Fatalf("a failed wait changed the pool: %d reserved", n.rcs.count)
 	}
 
 	// A slot freed while a connection waits goes to it.
@@ -62,13 +62,13 @@ func TestRCPoolFull(t *testing.T) {
 	waits := n.stats.rcSlotWaits.Load()
 	go func() { res <- n.reserveRCWait(context.Background()) }()
 	waitUntil(func() bool { return n.stats.rcSlotWaits.Load() > waits })
-	n.freeRCSlot()
+	n.rcs.free()
 	if err := <-res; err != nil {
 		t.Fatalf("reserveRCWait after a slot was freed: %v", err)
 	}
-	n.rcMu.Lock()
-	defer n.rcMu.Unlock()
-	if n.rcCount != 1 {
-		t.Fatalf("after the waiter took the freed slot: %d reserved, want 1", n.rcCount)
+	n.rcs.mu.Lock()
+	defer n.rcs.mu.Unlock()
+	if n.rcs.count != 1 {
+		t.Fatalf("after the waiter took the freed slot: %d reserved, want 1", n.rcs.count)
 	}
 }

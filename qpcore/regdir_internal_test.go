@@ -182,14 +182,14 @@ func TestDirectorySeqlockUnderUpdates(t *testing.T) {
 	reads := 0
 	for ; reads < 3000; reads++ {
 		p.mu.Lock()
-		a.invalidateDirLocked(p)
+		p.dir.invalidate()
 		select {
 		case readStarted <- struct{}{}:
 		default:
 		}
 		err := a.ensureDirLocked(ctx, p)
-		y := p.dir["y"]
-		n := len(p.dir)
+		y := p.dir.regions["y"]
+		n := len(p.dir.regions)
 		p.mu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -241,7 +241,7 @@ func TestDirectoryReaderWaitsOutAStalledWriter(t *testing.T) {
 	readDir := func() error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		a.invalidateDirLocked(p)
+		p.dir.invalidate()
 		return a.ensureDirLocked(ctx, p)
 	}
 
@@ -267,8 +267,8 @@ func TestDirectoryReaderWaitsOutAStalledWriter(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("read after the writer finished: %v", err)
 	}
-	if _, ok := p.dir["x"]; !ok {
-		t.Fatalf("directory %v lacks x", p.dir)
+	if _, ok := p.dir.regions["x"]; !ok {
+		t.Fatalf("directory %v lacks x", p.dir.regions)
 	}
 
 	// The writer never finishes: the read fails after PeerTimeout.

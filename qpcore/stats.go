@@ -2,10 +2,12 @@ package qpcore
 
 import (
 	"errors"
+	"reflect"
 	"sync/atomic"
 )
 
-// counters are the node's statistics, updated without locks.
+// counters are the node's statistics, updated without locks. Each is a
+// row of the stat table (stattable.go), which Stats and the metrics read.
 type counters struct {
 	connectHits, connectMisses, peerEvictions atomic.Uint64
 	vqpsOpen                                  atomic.Int64
@@ -151,33 +153,14 @@ func (s *Stats) Rejects() uint64 {
 		s.RejectOpcode + s.RejectWouldBlock
 }
 
-// Stats returns the node's counters.
+// Stats returns the node's counters (those of the stat table, stattable.go)
+// and its pools' state now.
 func (n *Node) Stats() Stats {
 	c := &n.stats
-	s := Stats{
-		ConnectHits: c.connectHits.Load(), ConnectMisses: c.connectMisses.Load(), PeerEvictions: c.peerEvictions.Load(),
-		OpsDC: c.opsDC.Load(), OpsRC: c.opsRC.Load(), Doorbells: c.doorbells.Load(), OpErrors: c.opErrors.Load(), Coalesced: c.coalesced.Load(),
-		Fences: c.fences.Load(), VQPToRC: c.vqpToRC.Load(), VQPToDC: c.vqpToDC.Load(),
-		DCIWaits: c.dciWaits.Load(), DCIYields: c.dciYields.Load(),
-		RejectLocal: c.rejLocal.Load(), RejectNoRegion: c.rejNoRegion.Load(), RejectBounds: c.rejBounds.Load(),
-		RejectAccess: c.rejAccess.Load(), RejectAlign: c.rejAlign.Load(), RejectOpcode: c.rejOpcode.Load(),
-		RejectWouldBlock: c.rejWouldBlock.Load(),
-		QPErrors:         c.qpErrors.Load(), DCIRecoveries: c.dciRecoveries.Load(), Reposted: c.reposted.Load(),
-		RemoteErrors: c.remoteErrors.Load(), RNRRetries: c.rnrRetries.Load(), Relookups: c.relookups.Load(),
-		StaleRetries: c.staleRetries.Load(), Unreachable: c.unreachable.Load(), PostErrors: c.postErrors.Load(),
-		OpTimeouts: c.opTimeouts.Load(), LossRetries: c.lossRetries.Load(), PeersDown: c.peersDown.Load(), PeersUp: c.peersUp.Load(),
-		RCConnects: c.rcConnects.Load(), RCConnectFailures: c.rcConnectFailures.Load(), RCEvictions: c.rcEvictions.Load(), RCSlotWaits: c.rcSlotWaits.Load(),
-		RCIdle: c.rcIdle.Load(), RCFallbacks: c.rcFallbacks.Load(), RCErrors: c.rcErrors.Load(),
-		RCAccepted: c.rcAccepted.Load(), RCReclaimed: c.rcReclaimed.Load(),
-		RCPassiveErrors: c.rcPassiveErrors.Load(), QPEvents: c.qpEvents.Load(), CQErrors: c.cqErrors.Load(),
-		SRQLimits: c.srqLimits.Load(), PortDowns: c.portDowns.Load(), PortUps: c.portUps.Load(),
-		DirReads: c.dirReads.Load(), DirTorn: c.dirTorn.Load(), DirHints: c.dirHints.Load(),
-		MsgSent: c.msgSent.Load(), MsgRecv: c.msgRecv.Load(), MsgRendezvous: c.msgRendezvous.Load(),
-		MsgDropped: c.msgDropped.Load(), MsgMalformed: c.msgMalformed.Load(),
-		MsgSmallBytes: c.msgSmallBytes.Load(), MsgSmallCopied: c.msgSmallCopied.Load(), MsgLargeBytes: c.msgLargeBytes.Load(),
-		MsgLargeCopied: c.msgLargeCopied.Load(),
-		MsgRefused:     c.msgRefused.Load(), MsgFullRetries: c.msgFullRetries.Load(),
-		MsgStaged: c.msgStaged.Load(), MsgStageFull: c.msgStageFull.Load(),
+	var s Stats
+	sv := reflect.ValueOf(&s).Elem()
+	for _, f := range statCounters {
+		sv.Field(f.index).SetUint(f.live(c).Load())
 	}
 	s.VQPsOpen = int(c.vqpsOpen.Load())
 	n.mu.Lock()
@@ -189,9 +172,7 @@ func (n *Node) Stats() Stats {
 	if n.cfg.NoDC {
 		s.DCIsFree = 0
 	}
-	n.rcMu.Lock()
-	s.RCActive = len(n.rcConns)
-	n.rcMu.Unlock()
+	s.RCActive = n.rcs.len()
 	n.passiveMu.Lock()
 	s.RCPassive = len(n.passive)
 	n.passiveMu.Unlock()
@@ -232,13 +213,13 @@ func (n *Node) Peer(gid uint32) (PeerState, bool) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := PeerState{GID: gid, Incarnation: p.info.Incarnation, Addr: p.info.Addr.String(), RC: p.rcPhase.String(),
-		Regions: -1, Active: p.active, Down: p.down}
-	if p.rcPhase == rcReady {
+	s := PeerState{GID: gid, Incarnation: p.info.Incarnation, Addr: p.info.Addr.String(), RC: p.rc.phase.String(),
+		Regions: -1, Active: p.active, Down: p.live.down}
+	if p.rc.phase == rcReady {
 		s.Transport = RC
 	}
-	if p.dirValid {
-		s.Regions = len(p.dir)
+	if p.dir.valid {
+		s.Regions = len(p.dir.regions)
 	}
 	return s, true
 }

@@ -2,8 +2,6 @@ package qpcore
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -21,10 +19,7 @@ type VQP struct {
 	p   *peer
 	sys bool // the peer's internal VQP
 
-	// Guarded by p.mu.
-	route Transport
-	out   [2]int // ops queued, posted or stalled on each transport
-	held  []*op  // ops waiting for the switching fence
+	fence // guarded by p.mu (fence.go)
 
 	postSeq uint64 // sequence number of the next async op; guarded by p.mu
 
@@ -98,10 +93,7 @@ func (v *VQP) Transport() Transport {
 	p := v.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(v.held) > 0 || v.out[v.route] > 0 {
-		return v.route
-	}
-	return v.n.wantLocked(p, v)
+	return v.current(v.n.wantLocked(p, v))
 }
 
 // Close releases the VQP. Operations in flight complete (synchronous
@@ -161,8 +153,8 @@ func (v *VQP) Regions(ctx context.Context) ([]Region, error) {
 	if err := v.n.ensureDirLocked(ctx, p); err != nil {
 		return nil, err
 	}
-	out := make([]Region, 0, len(p.dir))
-	for _, r := range p.dir {
+	out := make([]Region, 0, len(p.dir.regions))
+	for _, r := range p.dir.regions {
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -381,99 +373,4 @@ func (v *VQP) complete(o *op) {
 	case v.notify <- struct{}{}:
 	default:
 	}
-}
-
-// wait waits for a posted synchronous op. Cancelling ctx withdraws the op
-// if it has not reached a QP; once posted, the op's memory belongs to the
-// NIC until its completion, which the transport's timeouts guarantee, so
-// wait does not return before it.
-//
-// When the device supports it (verbs.DrivenCQ), the caller drives: it may
-// receive on its own goroutine and process every send completion it finds
-// (its own, other callers', asynchronous ones) until its op is done, with
-// no hand-off through the dispatcher.
-func (n *Node) wait(ctx context.Context, o *op) {
-	if n.dscq != nil {
-		ready := o.ready
-		if ready == nil {
-			ready = func() bool { return n.opReady(o) }
-		}
-		for {
-			err := n.dscq.Drive(ctx, o.done, ready)
-			if err == nil {
-				return
-			}
-			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-				n.cancel1(o, ctx.Err())
-				ctx = context.Background()
-				continue
-			}
-			break // the device is closing: wait below
-		}
-		if o.fin.Load() != finPending {
-			return
-		}
-	}
-	done := ctx.Done()
-	for {
-		select {
-		case <-o.done:
-			return
-		case <-n.scq.Notify():
-			// The notification is ours now: whoever's completions it
-			// announces, poll them before leaving, or they wait in the CQ
-			// for a notification that never comes (every other waiter may
-			// be asleep on it).
-			n.pollSend(1)
-			if o.fin.Load() != finPending {
-				return
-			}
-		case <-done:
-			n.cancel1(o, ctx.Err())
-			done = nil
-		}
-	}
-}
-
-// opReady is a driver's condition for o: done, polling the send CQ for it
-// when completions are queued there.
-func (n *Node) opReady(o *op) bool {
-	if o.fin.Load() != finPending {
-		return true
-	}
-	if !n.dscq.Pending() {
-		return false // nothing to poll: ready runs twice before every receive
-	}
-	n.pollSend(-1)
-	return o.fin.Load() != finPending
-}
-
-// cancel1 finishes o with err if it has not been posted.
-func (n *Node) cancel1(o *op, err error) {
-	p := o.p
-	e := n.newEffects()
-	p.mu.Lock()
-	removed := false
-	switch o.state {
-	case opHeld:
-		v := o.v
-		for i, h := range v.held {
-			if h == o {
-				v.held = append(v.held[:i], v.held[i+1:]...)
-				removed = true
-				break
-			}
-		}
-		if removed && len(v.held) == 0 {
-			n.dropHeldLocked(p, v)
-		}
-	case opQueued:
-		removed = p.queue(o.route).remove(o)
-	}
-	if removed {
-		n.finishLocked(p, o, fmt.Errorf("qpcore: %v withdrawn before posting: %w", o.code, err), e)
-		n.kickLocked(p, e)
-	}
-	p.mu.Unlock()
-	n.apply(e)
 }

@@ -42,7 +42,7 @@ log "building bin/krfs"
 mkdir -p bin
 $GO build -o bin/krfs ./cmd/krfs
 KRFS=$PWD/bin/krfs
-$GO build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline
+$GO build -o bin/krfs-baseline ./cmd/krfs-baseline
 KBASE=$PWD/bin/krfs-baseline
 
 # Go benchmarks, one at a time (with 2 vCPUs anything beside a
@@ -57,7 +57,7 @@ if [[ ${ONLY:-} != veth ]]; then
 	gobench softnic_lat ./verbs/softnic '^BenchmarkReadLatency8B$' $GB_LAT
 	gobench softnic_rate ./verbs/softnic '^BenchmarkReadRate32$' $GB_RATE
 	gobench softnic_bw ./verbs/softnic '^BenchmarkReadBandwidth1M$' $GB_BW
-	gobench baseline_tcpconn ./internal/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
+	gobench baseline_tcpconn ./bench/baseline '^BenchmarkTCPConnectRoundTrip$' 2000x
 	gobench qpcore_connect ./qpcore '^BenchmarkQPCoreConnect$' $GB_CONN
 	gobench qpcore_read ./qpcore '^BenchmarkQPCoreRead$' $GB_LAT
 	gobench qpcore_memory ./qpcore '^BenchmarkQPCoreMemory$' 1x
@@ -77,7 +77,7 @@ CLUSTER_UP=
 BASE_PIDS=
 cleanup() {
 	# Closing their stdin stops the veth baseline servers (krfs-baseline).
-	exec 7>&- 8>&-
+	exec 7>&- 8>&- 9>&-
 	for p in $BASE_PIDS; do
 		for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
 		kill "$p" 2>/dev/null || true
@@ -196,6 +196,18 @@ veth_rows() {
 		return
 	fi
 	udp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$MNT/srv.out")
+	# An echo on the meta service's host too: the cold connect's floor
+	# (one round trip there, then one to host 2's echo).
+	local mudp=
+	mkfifo "$MNT/msrv.in"
+	nsenter --net=/run/netns/kbench-meta "$KBASE" serve -addr "$net.254" <"$MNT/msrv.in" >"$MNT/msrv.out" 2>"$RAW/veth_msrv.err" &
+	BASE_PIDS="$BASE_PIDS $!"
+	exec 9>"$MNT/msrv.in"
+	if waitline "$MNT/msrv.out"; then
+		mudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$MNT/msrv.out")
+	else
+		log "meta host's baseline echo did not start (see $RAW/veth_msrv.err)"
+	fi
 	tcp=$(sed -n 's/.*tcp=\([^ ]*\).*/\1/p' "$MNT/srv.out")
 	mkdir -p "$MNT/floor"
 	$h1 "$KBASE" floor -dir "$MNT/floor" -addr "$net.1" -to "$udp" <"$MNT/floor.in" >"$MNT/floor.out" 2>"$RAW/veth_floor.err" &
@@ -223,6 +235,9 @@ veth_rows() {
 	# mode a pair of threads gets lasts for seconds, so a ratio of medians
 	# needs seconds of each side (see baseline.AlternateWith).
 	KB_PREFIX=$h1 kb veth_api_read_lat8 read_lat -s 8 -n $VLAT_API_N --baseline-echo "$udp" "${capi[@]}"
+	if [[ -n $mudp ]]; then
+		KB_PREFIX=$h1 kb veth_api_connect connect -n $CONN_N --baseline-echo "$udp" --baseline-meta-echo "$mudp" "${capi[@]}"
+	fi
 	if [[ -n $floor ]]; then
 		kb veth_fuse_read_lat8 read_lat -s 8 -n $VLAT_FUSE_N --baseline-floor "$floor" "${cfile[@]}"
 	fi
@@ -234,6 +249,12 @@ veth_rows() {
 	KB_PREFIX=$h1 kb veth_api_bw1m read_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
 	base veth_base_tcp1m_fuse $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
 	kb veth_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
+	# WRITEs of 1 MiB: a WRITE into an exported region is received into a
+	# private buffer and copied after its header is checked (softnic's
+	# no-foreign-byte rule), so these rows show what that copy costs.
+	base veth_base_tcp1m_w $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
+	KB_PREFIX=$h1 kb veth_api_wbw1m write_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
+	kb veth_fuse_wbw1m write_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
 	# Memory: fio through host 1's file of host 2's memory, then host 1's
 	# daemon's own (anonymous) memory.
 	if command -v fio >/dev/null; then

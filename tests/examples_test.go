@@ -130,22 +130,36 @@ func nodeStat(t *testing.T, mnt, name string) int {
 }
 
 // testServerless hands objects from a producer on host 1 to a consumer
-// on host 3 through ports/: below the rendezvous threshold (one eager
-// message), at it, and above one message (chunked). The consumer's copy
-// must be byte-identical, and objects of 64 KiB and more must have gone
-// by rendezvous.
+// on host 3: through ports/ below the rendezvous threshold (one eager
+// message), at it, and above one message (chunked over several ports);
+// and through a region of the producer that the consumer READs, with the
+// object written into the daemon's store or, without it, through the
+// mount. The consumer's copy must be byte-identical, objects of 64 KiB
+// and more sent as messages must have gone by rendezvous, and nothing
+// may stay bound or exported.
 func testServerless(t *testing.T, c *cluster) {
 	ho := c.py("serverless/handoff.py")
-	for i, size := range []int{16 << 10, 64 << 10, 3<<20 + 12345} {
-		t.Run(strconv.Itoa(size), func(t *testing.T) {
+	cases := []struct {
+		size int
+		via  string
+		shm  bool
+	}{
+		{16 << 10, "auto", false},
+		{64 << 10, "auto", false},
+		{3<<20 + 12345, "ports", false},
+		{3<<20 + 12345, "auto", true},
+		{300 << 10, "region", false},
+	}
+	for i, tc := range cases {
+		t.Run(fmt.Sprintf("%d-%s", tc.size, tc.via), func(t *testing.T) {
 			in := filepath.Join(c.dir, fmt.Sprintf("obj-%d", i))
 			out := in + ".out"
-			obj := make([]byte, size)
+			obj := make([]byte, tc.size)
 			rand.Read(obj)
 			if err := os.WriteFile(in, obj, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			port := 200 + i
+			port := 200 + 10*i
 			rdvBefore := nodeStat(t, c.mnt(1), "node.MsgRendezvous")
 			recv := make(chan string, 1)
 			go func() {
@@ -155,10 +169,10 @@ func testServerless(t *testing.T, c *cluster) {
 				}
 				recv <- o
 			}()
-			// The consumer binds its port first.
+			// The consumer binds its ports first.
 			deadline := time.Now().Add(hangGuard)
 			for {
-				if _, err := os.Stat(filepath.Join(c.mnt(3), "ports", strconv.Itoa(port))); err == nil {
+				if _, err := os.Stat(filepath.Join(c.mnt(3), "ports", strconv.Itoa(port+3))); err == nil {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -166,10 +180,19 @@ func testServerless(t *testing.T, c *cluster) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			sent := c.mustSh(t, fmt.Sprintf("%s send --mount %s --to 3 --port %d --reply %d --in %s --timeout 50", ho, c.mnt(1), port, port+50, in))
+			shm := ""
+			if tc.shm {
+				shm = "--shm-dir " + filepath.Join(c.dir, "shm-h1")
+			}
+			sent := c.mustSh(t, fmt.Sprintf("%s send --mount %s --to 3 --port %d --reply %d --in %s --via %s %s --timeout 50",
+				ho, c.mnt(1), port, port+50, in, tc.via, shm))
 			got := <-recv
 			if !strings.Contains(sent, `"identical": true`) || !strings.Contains(got, `"side": "recv"`) {
 				t.Fatalf("send: %s\nrecv: %s", sent, got)
+			}
+			region := tc.via == "region" || tc.via == "auto" && tc.size >= 64<<10
+			if region != strings.Contains(got, `"via": "region"`) {
+				t.Fatalf("want via region %v: %s", region, got)
 			}
 			b, err := os.ReadFile(out)
 			if err != nil {
@@ -178,18 +201,23 @@ func testServerless(t *testing.T, c *cluster) {
 			if !bytes.Equal(b, obj) {
 				t.Fatalf("the consumer's object differs from the producer's (%d vs %d bytes)", len(b), len(obj))
 			}
+			size := tc.size
 			chunks := (size + (1<<20 - 8192) - 1) / (1<<20 - 8192)
 			rdv := nodeStat(t, c.mnt(1), "node.MsgRendezvous") - rdvBefore
 			switch {
-			case size < 64<<10 && rdv != 0:
-				t.Fatalf("%d B object: %d rendezvous, want an eager message", size, rdv)
-			case size >= 64<<10 && rdv != chunks:
+			case (region || size < 64<<10) && rdv != 0:
+				t.Fatalf("%d B object: %d rendezvous, want one eager message", size, rdv)
+			case !region && size >= 64<<10 && rdv != chunks:
 				t.Fatalf("%d B object in %d chunks: %d rendezvous", size, chunks, rdv)
 			}
-			for _, p := range []string{filepath.Join(c.mnt(3), "ports", strconv.Itoa(port)), filepath.Join(c.mnt(1), "ports", strconv.Itoa(port+50))} {
+			for _, p := range []string{filepath.Join(c.mnt(3), "ports", strconv.Itoa(port)), filepath.Join(c.mnt(3), "ports", strconv.Itoa(port+3)),
+				filepath.Join(c.mnt(1), "ports", strconv.Itoa(port+50))} {
 				if _, err := os.Stat(p); err == nil {
 					t.Fatalf("%s still bound after the hand-off", p)
 				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(c.mnt(1), "regions", "ho-*")); len(left) != 0 {
+				t.Fatalf("regions left behind: %v", left)
 			}
 		})
 	}

@@ -87,11 +87,14 @@ mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /mnt
 trap 'umount /mnt/krfs 2>/dev/null || true' EXIT`
 	// Run the block itself inside the network namespace (nsenter --net
-	// keeps the mount namespace, so the mount stays visible to it).
-	script := prologue + "\nnsenter --net=/run/netns/" + ns + " bash -eu <<'README'\n" + block + "README\n"
-	out := runReadme(t, top, bin, "", script)
+	// keeps the mount namespace, so the mount stays visible to it), twice:
+	// the region memory of the first run is still there for the second
+	// (issue 31), whose output must be the same.
+	run := "\nnsenter --net=/run/netns/" + ns + " bash -eu <<'README'\n" + block + "README\n"
+	out := runReadme(t, top, bin, "", prologue+run+"echo '--- again'"+run)
 	t.Logf("README single-node output:\n%s", out)
-	wantLines(t, out, "krfs: mounted, daemon pid", "hello", "0", "1", "9", "not swapped (exit 1)", "hi")
+	once := []string{"krfs: mounted, daemon pid", "hello", "0", "1", "9", "not swapped (exit 1)", "hi"}
+	wantLines(t, out, append(append(once, "--- again"), once...)...)
 }
 
 func TestReadmeCluster(t *testing.T) {

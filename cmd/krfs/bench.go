@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/krfs/krfs/internal/bench"
-	"github.com/krfs/krfs/internal/bench/report"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/report"
 	"github.com/krfs/krfs/nic"
 )
 
@@ -19,7 +19,7 @@ import (
 // of a running cluster (--meta, --gid) or through the file interface of a
 // mounted krfs (--path). `krfs bench report DIR` turns the outputs of
 // scripts/bench.sh into results.json, results.md and plots. The suite
-// itself is package internal/bench; this file is its flags.
+// itself is package bench; this file is its flags.
 
 // benchNIC are the flags of the bench's own NIC (API mode) that do not
 // land in bench.Opts directly.
@@ -50,6 +50,7 @@ func registerBenchFlags(set *pflag.FlagSet, o *bench.Opts, bn *benchNIC) {
 	set.UintVar(&o.Port, "port", 1, "API mode, send_lat: the peer's port (someone must be reading it)")
 	set.BoolVar(&o.Baseline, "baseline", false, "also measure the matching same-run baseline (UDP ping-pong, sendmmsg echo, TCP) and print ratios")
 	set.StringVar(&o.BaselineEcho, "baseline-echo", "", "latency tests: the ping-pong goes to this UDP echo server (IP:PORT, krfs-baseline serve) instead of one on 127.0.0.1; implies --baseline")
+	set.StringVar(&o.BaselineMetaEcho, "baseline-meta-echo", "", "connect: with --baseline-echo (an echo on the peer's host), the baseline is one UDP round trip to this echo on the meta service's host, then one to the peer's, after every cold connect + first READ; implies --baseline")
 	set.StringVar(&o.BaselineFloor, "baseline-floor", "", "latency tests: the baseline is pread of this file (a FUSE floor, krfs-baseline floor) instead of a UDP ping-pong; implies --baseline")
 	set.StringVar(&o.Progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	set.StringVar(&o.Transport, "transport", "auto", "API mode: auto (qpcore's hybrid policy), dc (never switch to RC), rc (make the peer hot first and wait for its RC QP)")

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/krfs/krfs/internal/baseline"
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
+	"github.com/krfs/krfs/bench/baseline"
 	"github.com/krfs/krfs/nic"
 )
 

@@ -18,7 +18,8 @@ import (
 //
 // Go cannot fork, so the parent re-executes its own binary with the same
 // arguments in a new session (setsid), stdin on /dev/null and stdout and
-// stderr on --log-file (or /dev/null). The child inherits the write end of
+// stderr on --log-file (default: DefaultLogDir/krfs-GID.log, see
+// daemonLogFile). The child inherits the write end of
 // a pipe as a file descriptor named by $KRFS_DAEMON_READY_FD and, once the
 // filesystem is mounted, writes "ready" to it; if it fails first, it writes
 // "error: " and its error. The parent waits for either, or for the pipe to
@@ -63,12 +64,41 @@ func daemonChild() *readyPipe {
 func (r *readyPipe) done(err error) {
 	r.once.Do(func() {
 		msg := "ready\n"
-		if err != nil {
+		switch {
+		case errors.Is(err, errUsage):
+			// Usage errors keep their exit status (2) in the parent.
+			msg = "usage: " + strings.TrimPrefix(err.Error(), errUsage.Error()+": ") + "\n"
+		case err != nil:
 			msg = "error: " + err.Error() + "\n"
 		}
 		_, _ = r.f.WriteString(msg)
 		_ = r.f.Close()
 	})
+}
+
+// DefaultLogDir is where a daemon logs without --log-file.
+var DefaultLogDir = "/var/log/krfs"
+
+// daemonLogFile is a daemon's log without --log-file:
+// DefaultLogDir/krfs-GID.log with the gid it is given or remembers (its
+// store's identity), else krfs-MOUNTPOINT.log (the mountpoint's path with
+// '/' as '-'); in the temporary directory if DefaultLogDir cannot be
+// made (not root).
+func daemonLogFile(f *mountFlags, mnt string) string {
+	name := ""
+	if g := knownGID(f); g != 0 {
+		name = fmt.Sprintf("krfs-%d.log", g)
+	} else {
+		abs, err := filepath.Abs(mnt)
+		if err != nil {
+			abs = mnt
+		}
+		name = "krfs" + strings.ReplaceAll(filepath.Clean(abs), "/", "-") + ".log"
+	}
+	if err := os.MkdirAll(DefaultLogDir, 0o750); err == nil {
+		return filepath.Join(DefaultLogDir, name)
+	}
+	return filepath.Join(os.TempDir(), name)
 }
 
 func openLogFile(path string) (*os.File, error) {
@@ -81,25 +111,26 @@ func openLogFile(path string) (*os.File, error) {
 
 // daemonize starts `krfs mount ARGS` detached and waits until it has
 // mounted (nil) or failed (its error).
-func daemonize(args []string, f *mountFlags, stdout io.Writer) error {
+func daemonize(args []string, f *mountFlags, mnt string, stdout io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("--daemon: finding this binary: %w", err)
 	}
-	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer devnull.Close()
-	out := devnull
-	if f.logFile != "" {
-		lf, err := openLogFile(f.logFile)
-		if err != nil {
-			return err
-		}
-		defer lf.Close()
-		out = lf
+	logFile := f.logFile
+	if logFile == "" {
+		logFile = daemonLogFile(f, mnt)
 	}
+	lf, err := openLogFile(logFile)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	out := lf
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
@@ -131,20 +162,19 @@ func daemonize(args []string, f *mountFlags, stdout io.Writer) error {
 		switch {
 		case msg == "ready":
 			if !isMountHelper() { // mount(8) helpers are silent on success
-				fmt.Fprintf(stdout, "krfs: mounted, daemon pid %d\n", cmd.Process.Pid)
+				fmt.Fprintf(stdout, "krfs: mounted, daemon pid %d, log %s\n", cmd.Process.Pid, logFile)
 			}
 			return nil
 		case strings.HasPrefix(msg, "error: "):
 			<-exited
-			return errors.New(strings.TrimPrefix(msg, "error: "))
+			return fmt.Errorf("%s (log: %s)", strings.TrimPrefix(msg, "error: "), logFile)
+		case strings.HasPrefix(msg, "usage: "):
+			<-exited
+			return fmt.Errorf("%w: %s", errUsage, strings.TrimPrefix(msg, "usage: "))
 		}
 		// The pipe closed without a word: the child died.
 		werr := <-exited
-		hint := ""
-		if f.logFile != "" {
-			hint = "; see " + f.logFile
-		}
-		return fmt.Errorf("the daemon exited before mounting (%v)%s", werr, hint)
+		return fmt.Errorf("the daemon exited before mounting (%v); see %s", werr, logFile)
 	case <-time.After(daemonWait):
 		_ = cmd.Process.Kill()
 		<-exited

@@ -35,7 +35,7 @@ import (
 	"github.com/spf13/cobra/doc"
 	"github.com/spf13/pflag"
 
-	"github.com/krfs/krfs/internal/bench"
+	"github.com/krfs/krfs/bench"
 	"github.com/krfs/krfs/internal/units"
 )
 
@@ -120,6 +120,7 @@ cluster through files: /MOUNT/peers/GID/REGION is a peer's memory region
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", errUsage, err) })
 	root.AddCommand(mountCmd(stdout, stderr), metaCmd(stderr), atomicCmd(stdout), resCmd(stdout),
 		benchCmd(stdout, stderr), devicesCmd(stdout), purgeCmd(stdout), manCmd(), versionCmd(stdout))
+	addCompletions(root)
 	return root
 }
 

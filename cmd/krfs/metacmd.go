@@ -21,10 +21,21 @@ import (
 // metaFlags are the flags of `krfs meta`.
 type metaFlags struct {
 	listen, keyFile, backend string
+	auth                     meta.AuthConfig // --max-nodes-per-source, --register-rate, --register-burst, --require-node-keys
 	rdma                     rdmaFlags
 	qos                      qosFlags
 	log                      logFlags
 }
+
+// The per-source limits of krfs meta: a source IP (a host, or every node
+// behind one NAT) may hold 4096 live entries and register 2048 times at
+// once, then 200 times a second - room for a host of a thousand nodes
+// starting together (two registrations each), none for a flood.
+const (
+	DefaultMaxNodesPerSource = 4096
+	DefaultRegisterRate      = 200
+	DefaultRegisterBurst     = 2048
+)
 
 // defaultMetaListen is `krfs meta`'s softnic --listen when none is given.
 const defaultMetaListen = "127.0.0.1:4790"
@@ -44,6 +55,10 @@ func metaCmd(stderr io.Writer) *cobra.Command {
 	set.StringVar(&f.listen, "listen", "", "address of the meta service's NIC: softnic's (default "+defaultMetaListen+"), or the rdma backend's connection manager (default: the GID's IP, port 4792)")
 	set.StringVar(&f.keyFile, "cluster-key-file", "", "file holding the cluster secret: every packet is authenticated with it (softnic)")
 	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma, as krfs mount; the nodes must use the same")
+	set.IntVar(&f.auth.MaxNodesPerSource, "max-nodes-per-source", DefaultMaxNodesPerSource, "most live entries one source IP may register (0: no limit)")
+	set.Float64Var(&f.auth.RegisterRate, "register-rate", DefaultRegisterRate, "registrations per second one source IP may make on average (0: no limit)")
+	set.IntVar(&f.auth.RegisterBurst, "register-burst", DefaultRegisterBurst, "registrations one source IP may make at once")
+	set.BoolVar(&f.auth.RequireNodeKeys, "require-node-keys", false, "refuse nodes that do not prove a node key (nodes of older releases)")
 	f.rdma.register(set)
 	f.qos.register(set)
 	f.log.register(set)
@@ -63,6 +78,14 @@ func runMeta(f *metaFlags, stderr io.Writer) error {
 	backend, err := nic.ParseBackend(f.backend)
 	if err != nil {
 		return fmt.Errorf("%w: --backend: %v", errUsage, err)
+	}
+	switch {
+	case f.auth.MaxNodesPerSource < 0:
+		return fmt.Errorf("%w: --max-nodes-per-source %d: want 0 (no limit) or more", errUsage, f.auth.MaxNodesPerSource)
+	case f.auth.RegisterRate < 0 || f.auth.RegisterRate != f.auth.RegisterRate:
+		return fmt.Errorf("%w: --register-rate %v: want 0 (no limit) or more", errUsage, f.auth.RegisterRate)
+	case f.auth.RegisterBurst < 1 && f.auth.RegisterRate > 0:
+		return fmt.Errorf("%w: --register-burst %d: want at least 1", errUsage, f.auth.RegisterBurst)
 	}
 	key, err := readClusterKey(f.keyFile)
 	if err != nil {
@@ -86,7 +109,7 @@ func runMeta(f *metaFlags, stderr io.Writer) error {
 	log.Infof("meta service on %v", dev.Addr())
 	// Without DC the service runs no DCT: clients READ the table over
 	// their RC connection.
-	err = meta.Serve(ctx, dev, meta.ServerConfig{NoDC: !opened.DC})
+	err = meta.Serve(ctx, dev, meta.ServerConfig{NoDC: !opened.DC, Auth: f.auth})
 	log.Info("meta service stopped")
 	return err
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/krfs/krfs/fs"
-	"github.com/krfs/krfs/fs/fuseserve"
 	"github.com/krfs/krfs/internal/shm"
 	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/node"
@@ -76,7 +74,7 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.StringVar(&f.transport, "fuse-transport", fs.TransportAuto, "how FUSE requests reach krfs: auto (io_uring when the kernel offers it, else /dev/fuse, saying why once), uring (io_uring or fail) or dev (go-fuse's /dev/fuse loop)")
 	set.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this HOST:PORT at /metrics (empty: off)")
 	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up (without it krfs mount stays in the foreground until unmounted or interrupted)")
-	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; /dev/null with --daemon)")
+	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; with --daemon /var/log/krfs/krfs-GID.log)")
 	set.StringVar(&f.backend, "backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma")
 	f.rdma.register(set)
 	f.qos.register(set)
@@ -181,8 +179,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	if isMountHelper() {
 		f.daemon = true // mount(8) waits for its helper to exit
 	}
+	// Every flag is checked before detaching: a usage error exits 2 and
+	// says why on the terminal, with --daemon as without (mountcheck.go).
+	mem, backend, err := f.validate()
+	if err != nil {
+		return err
+	}
 	if f.daemon && ready == nil {
-		return daemonize(orig, f, stdout)
+		return daemonize(orig, f, mnt, stdout)
 	}
 	logw := stderr
 	if f.logFile != "" && ready == nil {
@@ -196,55 +200,6 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	log, err := f.log.logger(logw)
 	if err != nil {
 		return err
-	}
-	mem, err := parseSize(f.memSize)
-	if err != nil {
-		return err
-	}
-	if mem < 8 || mem > shm.MaxSize {
-		return fmt.Errorf("%w: --mem-size %s: want 8 bytes to 1T", errUsage, f.memSize)
-	}
-	if f.limits.maxRegionSize, err = parseSize(f.maxRegSize); err != nil || f.limits.maxRegionSize < 8 || f.limits.maxRegionSize > shm.MaxSize {
-		return fmt.Errorf("%w: --max-region-size %s: want 8 bytes to 1T", errUsage, f.maxRegSize)
-	}
-	if f.limits.memCache, err = parseSize(f.memCache); err != nil || f.limits.memCache < 0 {
-		return fmt.Errorf("%w: --mem-cache %s: want a size like 8M", errUsage, f.memCache)
-	}
-	if f.limits.memLimit = node.AutoMemoryLimit(f.limits.memCache); f.memLimit == "off" {
-		f.limits.memLimit = 0
-	} else if f.memLimit != "auto" {
-		if f.limits.memLimit, err = parseSize(f.memLimit); err != nil || f.limits.memLimit < 16<<20 {
-			return fmt.Errorf("%w: --mem-limit %s: want auto, off or a size of at least 16M", errUsage, f.memLimit)
-		}
-	}
-	if f.maxRegions < 1 || f.maxRegions > 4096 {
-		return fmt.Errorf("%w: --max-regions %d: want 1..4096", errUsage, f.maxRegions)
-	}
-	if f.portDepth < 1 {
-		return fmt.Errorf("%w: --port-depth %d: want at least 1", errUsage, f.portDepth)
-	}
-	if err := shm.CheckFits(storeDir(f.shmDir, uint32(f.gid)), mem); err != nil {
-		return fmt.Errorf("--mem-size %s: %w", f.memSize, err)
-	}
-	if f.gid > 1<<24 {
-		return fmt.Errorf("%w: --gid %d: want 1..%d", errUsage, f.gid, 1<<24)
-	}
-	backend, err := nic.ParseBackend(f.backend)
-	if err != nil {
-		return fmt.Errorf("%w: --backend: %v", errUsage, err)
-	}
-	if !slices.Contains(fs.Transports, f.transport) {
-		return fmt.Errorf("%w: --fuse-transport %q: want one of %s", errUsage, f.transport, strings.Join(fs.Transports, ", "))
-	}
-	if f.transport == fs.TransportURing {
-		if ok, why := fuseserve.KernelOffersURing(); !ok {
-			return fmt.Errorf("--fuse-transport uring: %s", why)
-		}
-	}
-	if f.listen != "" {
-		if ap, err := netip.ParseAddrPort(f.listen); err != nil || ap.Addr().IsUnspecified() {
-			return fmt.Errorf("%w: --listen %q: want a specific IP:PORT that peers can reach", errUsage, f.listen)
-		}
 	}
 	servers, err := resolveMeta(f.meta)
 	if err != nil {
@@ -294,7 +249,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	}
 	n.SetFuseStats(srv.Stats)
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
-		"meta": n.MetaDesc()}).Info("krfs mounted; serving in the foreground until unmounted or interrupted")
+		"meta": n.MetaDesc()}).Info(servingMessage(ready != nil))
 	notifyReady()
 	if ready != nil {
 		ready.done(nil)
@@ -327,6 +282,10 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 	if err != nil {
 		return nil, err
 	}
+	id, err := nodeIdentity(log, f, backend)
+	if err != nil {
+		return nil, err
+	}
 	if f.encrypt && len(key) == 0 {
 		return nil, fmt.Errorf("%w: --encrypt needs --cluster-key-file", errUsage)
 	}
@@ -354,7 +313,7 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 	return node.Start(context.Background(), node.Config{
 		Device: opened.Dev,
 		Meta:   servers,
-		QPCore: qpcore.Config{GID: uint32(f.gid), DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout,
+		QPCore: qpcore.Config{GID: id.gid, DCIs: f.dcis, RCCap: f.rcCap, PeerTimeout: f.timeout,
 			NoDC: !opened.DC, Transport: opened.Transport, MaxRegions: f.maxRegions, PortDepth: f.portDepth,
 			MemCacheSize: int(f.limits.memCache)},
 		MemSize:       mem,
@@ -362,6 +321,8 @@ func startNode(log *logrus.Logger, f *mountFlags, backend nic.Backend, servers [
 		ShmDir:        f.shmDir,
 		// The meta service is a peer too: --timeout bounds a listing's query.
 		MetaTimeout: f.timeout,
+		NodeKey:     id.key,
+		Reclaimed:   id.reclaimed,
 	}, log)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,5 +37,51 @@ func TestPurge(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the store is still there: %v", err)
+	}
+}
+
+// Rule (issue 31.6): krfs purge --list shows every store under /dev/shm
+// with the gid and address it remembers, its memory and whether a daemon
+// holds it.
+func TestPurgeList(t *testing.T) {
+	if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
+		t.Skip("no /dev/shm")
+	}
+	gid := uint32(16000000 + os.Getpid()%700000)
+	dir := shm.DefaultDir(gid)
+	s, err := shm.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(); shm.Purge(dir) })
+	if _, err := s.Map("mem", 8192, 0o600, -1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveIdentity(shm.Identity{GID: gid, Listen: "10.9.8.7:4791"}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() string {
+		var out, errb bytes.Buffer
+		if code := run([]string{"krfs", "purge", "--list"}, &out, &errb); code != 0 {
+			t.Fatalf("purge --list: exit %d, %q", code, errb.String())
+		}
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(line, dir+" ") {
+				return strings.Join(strings.Fields(line), " ")
+			}
+		}
+		t.Fatalf("purge --list lacks %s:\n%s", dir, out.String())
+		return ""
+	}
+	want := fmt.Sprintf("%s %d 10.9.8.7:4791 8192 in use by pid %d", dir, gid, os.Getpid())
+	if got := list(); got != want {
+		t.Fatalf("held store: %q, want %q", got, want)
+	}
+	s.Close()
+	if got := list(); got != fmt.Sprintf("%s %d 10.9.8.7:4791 8192 free", dir, gid) {
+		t.Fatalf("free store: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "mem")); err != nil {
+		t.Fatalf("--list removed something: %v", err)
 	}
 }

@@ -26,6 +26,12 @@
 #                      node connected at once (a goroutine each)
 #   go-files-par-cold  on odd fresh hosts, instead of krfs-files-cold, the
 #                      first process is go-files-par (the daemon cold)
+#   floor, floor-cold  raceboot -mode floor: the bootstrap's round trips in
+#                      raw UDP to echo servers (krfs-baseline serve) on the
+#                      memory nodes' hosts (a header READ per node, then the
+#                      lookup's 3 READs), with -cold one to the meta service's
+#                      host before each node's: the floor of a warm and of a
+#                      cold daemon's bootstrap
 #
 # and, once, raceboot -mode coldpeer: cold connect + first 8-byte READ
 # against one warm READ, interleaved with the same pattern of round trips
@@ -94,6 +100,23 @@ measure() {
 		"$out" "$name" "$h" "$t0" "$t1" >>"$OUT"
 }
 
+# The UDP echo servers of the floors (the bootstrap's round trips and
+# the cold peer's in raw UDP): on the meta service's host, then on every
+# memory node's; each runs until its stdin closes.
+(cd "$top" && go build -o bin/krfs-baseline ./cmd/krfs-baseline)
+echoes=
+for ns in meta $(seq 1 "$MEMNODES"); do
+	if [ "$ns" = meta ]; then ip=$KRFS_NET.254; else ip=$KRFS_NET.$ns; ns=h$ns; fi
+	fifo=$(mktemp -u /tmp/krfs-echo.XXXXXX)
+	mkfifo "$fifo"
+	nsenter --net="/run/netns/$KRFS_NS-$ns" "$top/bin/krfs-baseline" serve -addr "$ip" <"$fifo" >"$fifo.out" &
+	pids+=($!)
+	exec {fd}>"$fifo" # held open until this script exits
+	rm -f "$fifo"
+	for _ in $(seq 50); do [ -s "$fifo.out" ] && break; sleep 0.1; done
+	echoes+=$(sed -n 's/^udp=\([^ ]*\).*/\1/p' "$fifo.out"),
+	rm -f "$fifo.out"
+done
 : >"$OUT"
 for h in $(seq $((loader + 1)) "$hosts"); do
 	key=$(printf 'key-%08d' $((RANDOM * 7 % KEYS)))
@@ -113,23 +136,9 @@ for h in $(seq $((loader + 1)) "$hosts"); do
 		measure go-rc "$h" "$boot" -mode rc -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
 		measure go-files-par "$h" "$boot" -mode files -parallel -mount "$m" -nodes "$nodes" "$key"
 		measure go-rc-par "$h" "$boot" -mode rc -parallel -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$h:0" -nodes "$nodes" "$key"
+		measure floor "$h" "$boot" -mode floor -listen "$KRFS_NET.$h:0" -nodes "$nodes" -echo "${echoes%,}" "$key"
+		measure floor-cold "$h" "$boot" -mode floor-cold -listen "$KRFS_NET.$h:0" -nodes "$nodes" -echo "${echoes%,}" "$key"
 	done
-done
-# The UDP echo servers of the cold-peer floor: on the meta service's
-# host, then on every memory node's; each runs until its stdin closes.
-(cd "$top" && go build -o bin/krfs-baseline ./internal/baseline/cmd/krfs-baseline)
-echoes=
-for ns in meta $(seq 1 "$MEMNODES"); do
-	if [ "$ns" = meta ]; then ip=$KRFS_NET.254; else ip=$KRFS_NET.$ns; ns=h$ns; fi
-	fifo=$(mktemp -u /tmp/krfs-echo.XXXXXX)
-	mkfifo "$fifo"
-	nsenter --net="/run/netns/$KRFS_NS-$ns" "$top/bin/krfs-baseline" serve -addr "$ip" <"$fifo" >"$fifo.out" &
-	pids+=($!)
-	exec {fd}>"$fifo" # held open until this script exits
-	rm -f "$fifo"
-	for _ in $(seq 50); do [ -s "$fifo.out" ] && break; sleep 0.1; done
-	echoes+=$(sed -n 's/^udp=\([^ ]*\).*/\1/p' "$fifo.out"),
-	rm -f "$fifo.out"
 done
 in_host "$hosts" "$boot" -mode coldpeer -meta "$KRFS_NET.254:4790" -listen "$KRFS_NET.$hosts:0" -nodes "$nodes" -n 300 -echo "${echoes%,}" >>"$OUT" ||
 	echo "bench.sh: raceboot -mode coldpeer failed" >&2
@@ -149,7 +158,7 @@ print("RACE bootstrap, %s memory nodes: a fresh process connects to every memory
 print()
 print("| variant | runs | failed | bootstrap p50 us (in process) | of which connect | first lookup | process p50 us (start to value) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
-for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-files", "go-vqp", "go-rc", "go-files-par-cold", "go-files-par", "go-rc-par"]:
+for v in ["krfs-files-cold", "krfs-files-warm", "tcp", "go-files", "go-vqp", "go-rc", "go-files-par-cold", "go-files-par", "go-rc-par", "floor", "floor-cold"]:
     rs = by.get(v, [])
     if not rs:
         continue
@@ -168,6 +177,10 @@ def connect_part(v):
     return med(r["bootstrap_us"] - r["lookup_us"] for r in by[v]) if v in by else float("nan")
 print("go-rc connect part / go-files connect part: %.2fx" % (connect_part("go-rc") / connect_part("go-files")))
 print("tcp / krfs-files-cold bootstrap: %.2fx; tcp / krfs-files-warm: %.2fx" % (m("tcp") / m("krfs-files-cold"), m("tcp") / m("krfs-files-warm")))
+print("against TCP (krfs / tcp bootstrap, lower is better): Python warm %.2fx (target <= 0.8x), Python cold %.2fx, Go warm %.2fx, Go -par cold %.2fx" % (
+    m("krfs-files-warm") / m("tcp"), m("krfs-files-cold") / m("tcp"), m("go-files") / m("tcp"), m("go-files-par-cold") / m("tcp")))
+print("against the floor (its round trips in raw UDP, same hosts): Python warm %.2fx, Go warm %.2fx of floor; Python cold %.2fx, Go -par cold %.2fx of floor-cold" % (
+    m("krfs-files-warm") / m("floor"), m("go-files") / m("floor"), m("krfs-files-cold") / m("floor-cold"), m("go-files-par-cold") / m("floor-cold")))
 for r in rows:
     if r.get("mode") == "coldpeer":
         print("cold connect + first 8 B READ p50 %.1f us vs warm 8 B READ p50 %.1f us: %.2fx (target <= 2.3x), %d iterations" % (

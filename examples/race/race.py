@@ -127,8 +127,10 @@ class Node:
 
     def __init__(self, path):
         self.path = path
+        # No fstat: the table header says where everything is, and a
+        # stat costs a FUSE GETATTR per node once the attributes (1 s)
+        # have expired.
         self.fd = os.open(path, os.O_RDWR)
-        self.size = os.fstat(self.fd).st_size
         self.hdr = None
         self.chunk = (0, 0)  # [next, end) of this client's allocation chunk
         self.faas = 0

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic"
 )

@@ -15,11 +15,10 @@ import (
 // (its socket out of the receive goroutine's epoll set). ConnectRC then
 // waits for the CM reply without driving; unless it ends the linger, the
 // reply waits in the socket until the linger lapses, which counts a
-// linger miss and turns lingering off for a second. That made every
-// synchronous READ of the next second pay two epoll_ctl calls: the
-// in-process READ benchmark went from 1.28x to 1.6x the ping-pong in
-// every run where qpcore's RC connection attempt was rejected while a
-// ping-pong chunk ran.
+// linger miss and turns lingering off for a second, so every synchronous
+// READ of the next second pays two epoll_ctl calls (the in-process READ
+// benchmark at 1.6x the ping-pong instead of 1.28x whenever qpcore's RC
+// connection attempt is rejected while a ping-pong chunk runs).
 func TestWaitersWithoutDriveStopLinger(t *testing.T) {
 	t.Run("cm", func(t *testing.T) { waitersStopLinger(t, nil) })
 	// With a cluster key, a ConnectRC to a peer without a session first

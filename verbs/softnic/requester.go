@@ -507,9 +507,9 @@ func (r *requester) ackUpTo(a wire.PSN) {
 // gap). una becomes the first PSN still owed: the first missing response
 // of such a READ or atomic, else acked. So una reaches sentHigh exactly
 // when every transmitted WR is done, and the retransmission timer never
-// runs for a queue that owes nothing (it used to, when a READ's lost
-// response was repaired after a later READ completed: the queue drained
-// with una behind sentHigh, and an idle QP timed out into ERR).
+// runs for a queue that owes nothing (else a READ's lost response
+// repaired after a later READ completed would leave una behind sentHigh
+// once the queue drained, and an idle QP would time out into ERR).
 func (r *requester) settle() {
 	una := r.acked
 	gap := false

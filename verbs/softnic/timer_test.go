@@ -32,11 +32,11 @@ const stepTimeout = time.Millisecond
 // TestIdleAfterReadGapNoTimeout: a READ whose response was lost is asked
 // again when a later READ's response shows the gap (an implied NAK); once
 // both complete the QP owes nothing, and however long it then stays idle
-// its retransmission timer must not count retries. The requester used to
-// leave its oldest unacknowledged PSN behind the last READ there, so an
-// idle QP ran out of retries and went to ERR, and the next WR completed
-// flushed (TestLossyMixed's "WR flushed" when the clients were starved of
-// CPU while the manual clock ran on).
+// its retransmission timer must not count retries. A requester that left
+// its oldest unacknowledged PSN behind the last READ there would run an
+// idle QP out of retries into ERR, and the next WR would complete flushed
+// (TestLossyMixed's "WR flushed" when the clients are starved of CPU while
+// the manual clock runs on).
 func TestIdleAfterReadGapNoTimeout(t *testing.T) {
 	checkLeaks(t)
 	fb, clk := newStepFabric(t, 3)

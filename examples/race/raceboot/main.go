@@ -8,6 +8,7 @@
 //	raceboot -mode vqp -meta 10.77.0.254:4790 -listen 10.77.0.5:0 -nodes 1,2,3 key-00000042
 //	raceboot -mode rc  ... (same flags)
 //	raceboot -mode coldpeer -meta ... -listen ... -nodes 1,2,3 -n 200
+//	raceboot -mode floor -listen 10.77.0.5:0 -nodes 1,2,3 -echo META,N1,N2,N3 key-00000042
 //
 // Both bootstrap modes start from nothing: a new software NIC and a meta
 // client (one RC connection to the meta service), then one meta lookup per
@@ -51,7 +52,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/krfs/krfs/internal/baseline"
+	"github.com/krfs/krfs/bench/baseline"
 	"github.com/krfs/krfs/meta"
 	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/qpcore"
@@ -179,7 +180,7 @@ var (
 var echoes []netip.AddrPort
 
 func main() {
-	mode := flag.String("mode", "vqp", "files, vqp, rc or coldpeer")
+	mode := flag.String("mode", "vqp", "files, vqp, rc, coldpeer, floor or floor-cold")
 	metaAddr := flag.String("meta", "", "meta service HOST:PORT")
 	listen := flag.String("listen", "127.0.0.1:0", "address of this process's NIC (softnic's socket, or the rdma backend's connection manager)")
 	backend := flag.String("backend", "auto", "verbs backend: auto (an RNIC if a usable one exists, else softnic), softnic or rdma; the memory nodes must use the same")
@@ -192,7 +193,7 @@ func main() {
 	timeout := flag.Duration("timeout", 10*time.Second, "give up after this long")
 	mount := flag.String("mount", "", "files: this host's krfs mount directory")
 	flag.BoolVar(&noDrive, "nodrive", false, "synchronous callers wait for completions through the CQ's notification instead of receiving on their own goroutine (qpcore's NoDrive), for comparison")
-	flag.Func("echo", "coldpeer: UDP echo servers (krfs-baseline serve) on the meta service's host and on each memory node's host, in -nodes order (META,NODE1,...): the same pattern of round trips in raw UDP, interleaved, as this run's floor", func(v string) error {
+	flag.Func("echo", "coldpeer, floor, floor-cold: UDP echo servers (krfs-baseline serve) on the meta service's host and on each memory node's host, in -nodes order (META,NODE1,...): the same pattern of round trips in raw UDP, interleaved, as this run's floor", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
 			a, err := netip.ParseAddrPort(f)
 			if err != nil {
@@ -218,7 +219,7 @@ func main() {
 func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout time.Duration, parallel bool, args []string) error {
 	t0 := time.Now()
 	server, err := netip.ParseAddrPort(metaAddr)
-	if err != nil && mode != "files" {
+	if err != nil && mode != "files" && mode != "floor" && mode != "floor-cold" {
 		return fmt.Errorf("-meta %q: want HOST:PORT", metaAddr)
 	}
 	var gids []uint32
@@ -231,6 +232,13 @@ func run(mode, metaAddr, listen, nodesFlag, mount string, iters int, timeout tim
 	}
 	if mode != "coldpeer" && len(args) != 1 {
 		return errors.New("one KEY to look up expected")
+	}
+	if mode == "floor" || mode == "floor-cold" {
+		r, err := bootFloor(listen, len(gids), []byte(args[0]), mode == "floor-cold")
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(r)
 	}
 	if mode == "files" {
 		// No NIC and no meta client of its own: the host's krfs daemon

@@ -22,13 +22,13 @@ import (
 // from the link's receive goroutine (here kicked out of its blocking
 // recvmsg) holds it with the socket out of the goroutine's epoll set, so
 // that its release adds the socket back and so reports a datagram that
-// arrived meanwhile. The socket used to stay in the set: a datagram that
-// arrived while the driver held the token woke the goroutine (which saw
-// the token taken and went back to waiting), the driver returned without
-// receiving it, and its release changed nothing in the set. Nobody was
-// woken for that datagram until the next one arrived: across a veth, a
-// READ request sat in the responder's socket for a whole ACK timeout
-// (31 ms) until the requester's retransmission came in behind it.
+// arrived meanwhile. Were the socket to stay in the set, a datagram that
+// arrived while the driver held the token would wake the goroutine (which
+// sees the token taken and goes back to waiting), the driver would return
+// without receiving it, and its release would change nothing in the set:
+// nobody would be woken for that datagram until the next one arrived
+// (across a veth, a READ request waiting in the responder's socket for a
+// whole ACK timeout, 31 ms, until the requester's retransmission).
 func TestTokenFromReceiveGoroutineDisarms(t *testing.T) {
 	checkGoroutines(t)
 	l := openLink(t, Config{Addr: loopback})
