@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/krfs/krfs/fs/fuseserve"
 )
 
 // Options tune a mount.
@@ -43,7 +47,68 @@ type Options struct {
 	// Logf, if set, receives a line for each refused request an operator
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
+	// Transport picks how FUSE requests reach the tree (see Transports):
+	// TransportAuto (the default when empty), TransportURing or
+	// TransportDev.
+	Transport string
+	// RingBytes bounds the io_uring entries' payload buffers (0:
+	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
+	RingBytes int
 }
+
+// The FUSE transports (Options.Transport):
+//   - TransportURing: krfs's own server (package fuseserve) mounts
+//     /dev/fuse and serves requests over FUSE over io_uring, one ring per
+//     CPU; the mount fails when the kernel does not offer it.
+//   - TransportAuto: TransportURing when the kernel offers it, else
+//     TransportDev, saying why once in the log.
+//   - TransportDev: go-fuse's server, reading /dev/fuse.
+const (
+	TransportAuto  = "auto"
+	TransportURing = "uring"
+	TransportDev   = "dev"
+)
+
+// Transports lists the valid Options.Transport values.
+var Transports = []string{TransportAuto, TransportURing, TransportDev}
+
+// Server is a mounted tree being served.
+type Server struct {
+	dev  *fuse.Server
+	ring *fuseserve.Server
+	why  string // why dev, when auto chose it
+}
+
+// Unmount unmounts the tree and waits until every request is answered.
+func (s *Server) Unmount() error {
+	if s.ring != nil {
+		return s.ring.Unmount()
+	}
+	return s.dev.Unmount()
+}
+
+// Wait returns once the tree is unmounted and every request answered.
+func (s *Server) Wait() {
+	if s.ring != nil {
+		s.ring.Wait()
+		return
+	}
+	s.dev.Wait()
+}
+
+// FuseStats says how the mount is served (stats.json's "fuse").
+type FuseStats = fuseserve.Stats
+
+// Stats returns the transport's counters.
+func (s *Server) Stats() FuseStats {
+	if s.ring != nil {
+		return s.ring.Stats()
+	}
+	return FuseStats{Transport: "dev", Why: s.why}
+}
+
+// whyNotURing logs, once per process, why auto did not use io_uring.
+var whyNotURing sync.Once
 
 // DefaultMaxRegionSize is Options.MaxRegionSize when left zero: 1 TiB.
 const DefaultMaxRegionSize = 1 << 40
@@ -59,8 +124,33 @@ const MaxIO = 1 << 20
 const MaxMessage = MaxIO - 4096
 
 // Mount mounts the tree of b at dir and returns the running server; call
-// Unmount (or Server.Unmount) to stop it.
-func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
+// its Unmount to stop it.
+func Mount(dir string, b Backend, o Options) (*Server, error) {
+	mode := fuseserve.Auto
+	switch o.Transport {
+	case "", TransportAuto:
+	case TransportURing:
+		mode = fuseserve.Uring
+	case TransportDev:
+		mode = fuseserve.Dev
+	default:
+		return nil, fmt.Errorf("FUSE transport %q: want one of %s", o.Transport, strings.Join(Transports, ", "))
+	}
+	why := ""
+	if mode == fuseserve.Auto {
+		if ok, reason := fuseserve.KernelOffersURing(); !ok {
+			mode, why = fuseserve.Dev, reason
+			whyNotURing.Do(func() {
+				if o.Logf != nil {
+					o.Logf("FUSE served over /dev/fuse, not io_uring: %s", reason)
+				}
+			})
+		}
+	} else if mode == fuseserve.Uring {
+		if ok, reason := fuseserve.KernelOffersURing(); !ok {
+			return nil, fmt.Errorf("--fuse-transport uring: %s", reason)
+		}
+	}
 	if o.Timeout == 0 {
 		o.Timeout = 2 * time.Second
 	}
@@ -107,6 +197,27 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	// Attributes go through attrFiller; READDIRPLUS would hand the kernel
 	// attributes past it, so ls -l looks each entry up instead.
 	opts.MountOptions.DisableReadDirPlus = true
+	if mode != fuseserve.Dev {
+		// krfs's own transport: the tree's notifications go to the kernel
+		// through the notifier (go-fuse's bridge uses ServerCallbacks
+		// when Init, which takes go-fuse's *fuse.Server, is not called).
+		notifier := fuseserve.NewNotifier()
+		opts.ServerCallbacks = notifier
+		raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
+		srv, err := fuseserve.Mount(dir, raw, fuseserve.Options{
+			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
+			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
+			Notifier: notifier, Logf: o.Logf,
+		})
+		if err != nil {
+			root.m.unmounted()
+			return nil, err
+		}
+		if st := srv.Stats(); st.Transport != "io_uring" && o.Logf != nil {
+			o.Logf("FUSE served over /dev/fuse, not io_uring: %s", st.Why)
+		}
+		return &Server{ring: srv}, nil
+	}
 	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
 	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
@@ -117,7 +228,7 @@ func Mount(dir string, b Backend, o Options) (*fuse.Server, error) {
 	if err := srv.WaitMount(); err != nil {
 		return nil, err
 	}
-	return srv, nil
+	return &Server{dev: srv, why: why}, nil
 }
 
 // attrFiller completes the attributes every node returns with what a

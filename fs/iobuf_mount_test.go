@@ -88,7 +88,7 @@ func TestReadsLandInTheBoundedRegisteredBuffers(t *testing.T) {
 		return do(p, off)
 	}
 	dir := t.TempDir()
-	srv, err := fs.Mount(dir, b, fs.Options{Timeout: 5 * time.Second, IOBufferBytes: 4 << 20})
+	srv, err := fs.Mount(dir, b, fusetest.Options(fs.Options{Timeout: 5 * time.Second, IOBufferBytes: 4 << 20}))
 	if err != nil {
 		t.Fatalf("mount: %v", err)
 	}

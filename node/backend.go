@@ -336,6 +336,8 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		Server any              `json:",omitempty"`
 		// IOBuf: the filesystem's I/O buffers, when a mount registered them.
 		IOBuf *fs.IOBufferStats `json:",omitempty"`
+		// Fuse: how the mount's FUSE requests are served.
+		Fuse *fs.FuseStats `json:"fuse,omitempty"`
 		// For `krfs res` (JSON only).
 		QPs     []ResQP   `json:",omitempty"`
 		Regions []ResMR   `json:",omitempty"`
@@ -348,6 +350,7 @@ func (b *Node) Stats(w io.Writer, asJSON bool) error {
 		s := p.Stats()
 		st.IOBuf = &s
 	}
+	st.Fuse = b.fuseStatsNow()
 	if sec, ok := b.securityStats(); ok {
 		if sec.Keyed {
 			st.Auth = &sec.Auth

@@ -300,6 +300,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(mIOBuf, float64(is.Peak), "peak")
 	emit(mIOBufGets, u(is.Gets), "ok")
 	emit(mIOBufGets, u(is.Overflows), "overflow")
+	b.collectFuse(emit)
 
 	d := b.dev.Stats()
 	emit(mNICPackets, u(d.TxPackets), "tx")

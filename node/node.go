@@ -126,6 +126,8 @@ type Node struct {
 	// (stats) only Load.
 	ioMu   sync.Mutex
 	ioBufs atomic.Pointer[fs.IOBuffers]
+	// fuseStats reports the mount's FUSE transport (SetFuseStats).
+	fuseStats atomic.Pointer[func() fs.FuseStats]
 
 	closeOnce sync.Once
 }

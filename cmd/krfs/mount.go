@@ -39,6 +39,7 @@ type mountFlags struct {
 	dcis        int
 	rcCap       int
 	debugFUSE   bool
+	transport   string // --fuse-transport
 	metricsAddr string
 	daemon      bool
 	logFile     string
@@ -70,6 +71,7 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.IntVar(&f.dcis, "dcis", 0, "DCI pool size (0: qpcore's default)")
 	set.IntVar(&f.rcCap, "rc-cap", 0, "most RC QPs this node opens (0: qpcore's default)")
 	set.BoolVar(&f.debugFUSE, "debug-fuse", false, "log every FUSE request")
+	set.StringVar(&f.transport, "fuse-transport", fs.TransportAuto, "how FUSE requests reach krfs: auto (io_uring when the kernel offers it, else /dev/fuse, saying why once), uring (io_uring or fail) or dev (go-fuse's /dev/fuse loop)")
 	set.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this HOST:PORT at /metrics (empty: off)")
 	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up (without it krfs mount stays in the foreground until unmounted or interrupted)")
 	set.StringVar(&f.logFile, "log-file", "", "append the log to this file (default stderr; with --daemon /var/log/krfs/krfs-GID.log)")
@@ -160,6 +162,9 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	// is often parked in one and each wake-up needs sysmon or a spare thread.
 	// 8 measured fewer context switches per FUSE pread across a veth (4.8
 	// vs 5.2-5.9 on 2 vCPUs); an explicit GOMAXPROCS in the environment wins.
+	// FUSE over io_uring adds threads locked to their ring and pinned to its
+	// CPU (fs/fuseserve), blocked in io_uring_enter between requests; each
+	// needs a P to run the request it woke for, which 8 Ps keep at hand.
 	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < 8 {
 		runtime.GOMAXPROCS(8)
 	}
@@ -237,11 +242,12 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm, MaxRegionSize: f.limits.maxRegionSize,
-		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts})
+		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts, Transport: f.transport})
 	if err != nil {
 		n.CloseAndDiscard() // a failed mount leaves no region directory behind
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
+	n.SetFuseStats(srv.Stats)
 	log.WithFields(logrus.Fields{"mountpoint": mnt, "gid": n.Core().GID(), "address": n.Device().Addr(),
 		"meta": n.MetaDesc()}).Info(servingMessage(ready != nil))
 	notifyReady()

@@ -3,7 +3,12 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/fs/fuseserve"
 
 	"github.com/krfs/krfs/internal/shm"
 	"github.com/krfs/krfs/nic"
@@ -68,6 +73,14 @@ func (f *mountFlags) validate() (mem int64, backend nic.Backend, err error) {
 	backend, err = nic.ParseBackend(f.backend)
 	if err != nil {
 		return 0, backend, fmt.Errorf("%w: --backend: %v", errUsage, err)
+	}
+	if !slices.Contains(fs.Transports, f.transport) {
+		return 0, backend, fmt.Errorf("%w: --fuse-transport %q: want one of %s", errUsage, f.transport, strings.Join(fs.Transports, ", "))
+	}
+	if f.transport == fs.TransportURing {
+		if ok, why := fuseserve.KernelOffersURing(); !ok {
+			return 0, backend, fmt.Errorf("--fuse-transport uring: %s", why)
+		}
 	}
 	if f.listen != "" {
 		if ap, err := netip.ParseAddrPort(f.listen); err != nil || ap.Addr().IsUnspecified() {

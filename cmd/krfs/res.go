@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/node"
 	"github.com/krfs/krfs/verbs"
 )
@@ -28,15 +29,16 @@ type resStats struct {
 	QPs     []node.ResQP
 	Regions []node.ResMR
 	Peers   []node.ResPeer
+	Fuse    *fs.FuseStats `json:"fuse"`
 }
 
 func resCmd(stdout io.Writer) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:       "res MOUNTPOINT qp|mr|peer [-j]",
-		Short:     "List a running node's QPs, regions or peers, like rdma res show",
-		Args:      exactArgs(2, "MOUNTPOINT and one of qp, mr, peer"),
-		ValidArgs: []string{"qp", "mr", "peer"},
+		Use:       "res MOUNTPOINT qp|mr|peer|fuse [-j]",
+		Short:     "List a running node's QPs, regions or peers, like rdma res show, or its FUSE transport",
+		Args:      exactArgs(2, "MOUNTPOINT and one of qp, mr, peer, fuse"),
+		ValidArgs: []string{"qp", "mr", "peer", "fuse"},
 		RunE: func(_ *cobra.Command, args []string) error {
 			return runRes(args[0], args[1], asJSON, stdout)
 		},
@@ -47,9 +49,9 @@ func resCmd(stdout io.Writer) *cobra.Command {
 
 func runRes(mnt, what string, asJSON bool, stdout io.Writer) error {
 	switch what {
-	case "qp", "mr", "peer":
+	case "qp", "mr", "peer", "fuse":
 	default:
-		return fmt.Errorf("%w: unknown resource %q: want qp, mr or peer", errUsage, what)
+		return fmt.Errorf("%w: unknown resource %q: want qp, mr, peer or fuse", errUsage, what)
 	}
 	raw, err := os.ReadFile(filepath.Join(mnt, "stats.json"))
 	if err != nil {
@@ -68,6 +70,8 @@ func runRes(mnt, what string, asJSON bool, stdout io.Writer) error {
 			v = nonNil(st.Regions)
 		case "peer":
 			v = nonNil(st.Peers)
+		case "fuse":
+			v = st.Fuse
 		}
 		e := json.NewEncoder(stdout)
 		return e.Encode(v)
@@ -85,6 +89,14 @@ func runRes(mnt, what string, asJSON bool, stdout io.Writer) error {
 	case "peer":
 		for _, p := range st.Peers {
 			fmt.Fprintln(stdout, formatPeer(p))
+		}
+	case "fuse":
+		if f := st.Fuse; f != nil {
+			fmt.Fprintf(stdout, "transport %s queues %d entries-per-queue %d dev-requests %d ring-requests %d ring-async %d fallback-copies %d\n",
+				f.Transport, f.Queues, f.EntriesPerQueue, f.DevRequests, f.RingRequests, f.RingAsync, f.FallbackCopies)
+			if f.Why != "" {
+				fmt.Fprintf(stdout, "why-not-io_uring %s\n", f.Why)
+			}
 		}
 	}
 	return nil

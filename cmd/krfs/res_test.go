@@ -15,6 +15,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/krfs/krfs/fs"
 	"github.com/krfs/krfs/nic"
 	"github.com/krfs/krfs/node"
 )
@@ -55,6 +56,9 @@ func TestRes(t *testing.T) {
 	defer c.Close()
 
 	dir := t.TempDir()
+	d.SetFuseStats(func() fs.FuseStats {
+		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2}
+	})
 	var js bytes.Buffer
 	if err := d.Stats(&js, true); err != nil {
 		t.Fatal(err)
@@ -84,6 +88,14 @@ func TestRes(t *testing.T) {
 	want := regexp.MustCompile(`(?m)^link softnic/1 gid \d+ address 127\.0\.0\.1:\d+ incarnation 0x[0-9a-f]+ transport (dc|rc) .* self$`)
 	if !want.MatchString(peer) {
 		t.Errorf("res peer:\n%s", peer)
+	}
+
+	if got := res("fuse"); got != "transport io_uring queues 2 entries-per-queue 8 dev-requests 3 ring-requests 40 ring-async 2 fallback-copies 0\n" {
+		t.Errorf("res fuse: %q", got)
+	}
+	var fuse map[string]any
+	if err := json.Unmarshal([]byte(res("fuse", "-j")), &fuse); err != nil || fuse["transport"] != "io_uring" || fuse["entries_per_queue"] != 8.0 {
+		t.Errorf("res fuse -j: %v %v", err, fuse)
 	}
 
 	var qps []node.ResQP
