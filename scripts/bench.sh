@@ -255,6 +255,33 @@ veth_rows() {
 	base veth_base_tcp1m_w $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
 	KB_PREFIX=$h1 kb veth_api_wbw1m write_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
 	kb veth_fuse_wbw1m write_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
+	# FUSE transports: the rows above use the cluster's mount, which serves
+	# FUSE over io_uring when the kernel offers it (krfs mount's default).
+	# Its 8 B pread against the raw round trip, then a second daemon on host
+	# 1 mounted with --fuse-transport dev (go-fuse's /dev/fuse loop) for the
+	# same rows, right after, on the same veth.
+	KB_PREFIX=$h1 kb veth_fuse_read_lat8_udp read_lat -s 8 -n $VLAT_FUSE_N --baseline-echo "$udp" "${cfile[@]}"
+	local dmnt=$MNT/h1dev dpid ok=
+	mkdir -p "$dmnt"
+	$h1 "$KRFS" mount "$dmnt" --meta "$net.254:4790" --listen "$net.1:0" --mem-size 4M \
+		--shm-dir "$MNT/shm-h1dev" --fuse-transport dev >"$RAW/veth_dev_mount.log" 2>&1 &
+	dpid=$!
+	for _ in $(seq 100); do
+		if [[ -e $dmnt/peers/$g2/mem ]]; then ok=1; break; fi
+		kill -0 "$dpid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if [[ -n $ok ]]; then
+		local dfile=(--path "$dmnt/peers/$g2/mem")
+		KB_PREFIX=$h1 kb veth_dev_fuse_read_lat8_udp read_lat -s 8 -n $VLAT_FUSE_N --baseline-echo "$udp" "${dfile[@]}"
+		kb veth_dev_fuse_rate32 read_bw -s 8 -t 32 -D $RATE_D "${dfile[@]}"
+		kb veth_fuse_rate32_b read_bw -s 8 -t 32 -D $RATE_D "${cfile[@]}"
+		kb veth_dev_fuse_bw1m read_bw -s 1M -t 4 -n $BW_N "${dfile[@]}"
+	else
+		log "the dev-transport mount did not come up (see $RAW/veth_dev_mount.log)"
+	fi
+	kill -INT "$dpid" 2>/dev/null || true
+	wait "$dpid" 2>/dev/null || true
 	# Memory: fio through host 1's file of host 2's memory, then host 1's
 	# daemon's own (anonymous) memory.
 	if command -v fio >/dev/null; then
