@@ -137,8 +137,8 @@ func TestKill9WithRequestsInFlight(t *testing.T) {
 				errs <- err
 				return
 			}
-			defer f.Close()
 			_, err = f.ReadAt(make([]byte, 8), 0)
+			f.Close() // before reporting: an open file keeps the dead mount busy (EBUSY at unmount)
 			errs <- err
 		}()
 	}
