@@ -255,11 +255,12 @@ veth_rows() {
 	base veth_base_tcp1m_w $h1 "$KBASE" tcp -to "$tcp" -depth 4 -total $((BW_N << 20))
 	KB_PREFIX=$h1 kb veth_api_wbw1m write_bw -s 1M -t 4 -n $BW_N "${capi[@]}"
 	kb veth_fuse_wbw1m write_bw -s 1M -t 4 -n $BW_N "${cfile[@]}"
-	# FUSE transports: the rows above use the cluster's mount, which serves
-	# FUSE over io_uring when the kernel offers it (krfs mount's default).
-	# Its 8 B pread against the raw round trip, then a second daemon on host
-	# 1 mounted with --fuse-transport dev (go-fuse's /dev/fuse loop) for the
-	# same rows, right after, on the same veth.
+	# FUSE transports: the rows above use the cluster's mount, which
+	# bench's cluster mounts with --fuse-transport auto (FUSE over io_uring
+	# when the kernel offers it). Its 8 B pread against the raw round trip,
+	# then a second daemon on host 1 mounted with --fuse-transport dev
+	# (go-fuse's /dev/fuse loop, krfs mount's default) for the same rows,
+	# right after, on the same veth.
 	KB_PREFIX=$h1 kb veth_fuse_read_lat8_udp read_lat -s 8 -n $VLAT_FUSE_N --baseline-echo "$udp" "${cfile[@]}"
 	local dmnt=$MNT/h1dev dpid ok=
 	mkdir -p "$dmnt"
@@ -307,7 +308,7 @@ if [[ ${CLUSTER:-1} == 1 && $(id -u) == 0 ]] && command -v ip >/dev/null && comm
 	else
 		log "scripts/cluster.sh up 2 (veth rows)"
 		CLUSTER_UP=1
-		if KRFS_NS=kbench KRFS_BIN=$KRFS KRFS_DIR=$MNT/cluster KRFS_MEM=4M scripts/cluster.sh up 2 >"$RAW/cluster.log" 2>&1; then
+		if KRFS_NS=kbench KRFS_MOUNT_FLAGS="--fuse-transport auto ${KRFS_MOUNT_FLAGS:-}" KRFS_BIN=$KRFS KRFS_DIR=$MNT/cluster KRFS_MEM=4M scripts/cluster.sh up 2 >"$RAW/cluster.log" 2>&1; then
 			veth_rows
 		else
 			log "cluster.sh up failed (see $RAW/cluster.log)"
