@@ -16,7 +16,7 @@ import (
 // Server defaults.
 const (
 	DefaultSlots        = 1 << 15 // 16384 nodes at load 1/2
-	DefaultNeighborhood = 16      // one lookup READs 1 KiB
+	DefaultNeighborhood = 16      // one lookup READs 2 KiB (16 x EntrySize): two packets across a 1500-byte MTU
 	// DefaultLease: a registration lives 10 s without a heartbeat (one
 	// every 3.3 s). At 3 s, daemons starved of CPU (64 daemons and 64 new
 	// processes on 2 vCPUs, load 50-90) missed it, and their entries left
