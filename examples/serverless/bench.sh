@@ -54,7 +54,9 @@ wait_ready() {
 tmp=$(mktemp -d)
 for s in $SIZES; do
 	for r in $(seq 1 "$REPS"); do
-		# krfs ports
+		# krfs ports (the file is emptied here, not by the background
+		# job's redirection, which may come after wait_ready looked)
+		: >"$tmp/recv"
 		in_host 2 $py recv --mount "$M2" --port 100 ${RECV_FLAGS:-} >"$tmp/recv" &
 		rp=$!
 		wait_ready "$tmp/recv"
@@ -63,6 +65,7 @@ for s in $SIZES; do
 		wait $rp
 		grep -v ready "$tmp/recv" >>"$OUT"
 		# TCP
+		: >"$tmp/recv"
 		in_host 2 $py tcprecv --bind "$KRFS_NET.2" --port 7100 >"$tmp/recv" &
 		rp=$!
 		wait_ready "$tmp/recv"

@@ -470,13 +470,14 @@ def cmd_send(a):
         if errs:
             raise errs[0]
         ack = os.read(rfd, ACK_BUF)
-        if slot:
-            slot.release(size)
-            slot = None
         if region:
             os.unlink(region)
             region = None
         t_acked = time.time_ns()
+        if slot:
+            # Clean-up, after the hand-off: zero what it held, free the slot.
+            slot.release(size)
+            slot = None
         signal.alarm(0)
         digest = hashlib.sha256(obj).digest()
         ok = (len(ack) == HDR.size + 32 and ack[:4] == MAGIC and HDR.unpack_from(ack)[2] == KIND_ACK
