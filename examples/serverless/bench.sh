@@ -8,8 +8,10 @@
 # Host 1 runs the producer, host 2 the consumer; every run starts two fresh
 # processes (the consumer first, which binds its ports, then the producer).
 # krfs hands objects below 64 KiB over as port messages and larger ones
-# through a region of the producer that the consumer READs (handoff.py
-# --via auto; VIA=ports or VIA=region forces one way for every size).
+# through a region of host 1's hand-off pool that the consumer READs
+# (handoff.py --via auto; the first run of each size class makes the
+# pool's region, later runs reuse it); VIA=ports, VIA=region (a new
+# region per hand-off) or VIA=pool forces one way for every size.
 # Hand-off = consumer holds the whole object - producer starts sending;
 # acked = producer got the consumer's digest back - producer starts sending.
 # Every run checks the SHA-256 on both sides; one mismatch fails the script.

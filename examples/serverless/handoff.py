@@ -36,6 +36,13 @@ consumer received; the producer exits successfully only if it matches
 its own. The TCP variant sends the same header once, then the object as
 a stream, and gets the same ack back.
 
+From 64 KiB the producer may instead put the object in a region of its
+host and send only a descriptor (kind 3, the region's name after the
+header); the consumer preads peers/<producer>/mr/<name> (--via region: a
+new region per hand-off; --via pool: a reused slot of the host's pool,
+claimed with a flock of its file in the daemon's store and zeroed after
+the ack; auto: the pool when the store is reachable; see README.md).
+
 Subcommands:
   recv  --mount M --port P [--streams S] [--out FILE]     krfs consumer
   send  --mount M --to GID --port P --reply R [--streams S] (--in FILE | --size N)
