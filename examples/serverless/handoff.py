@@ -228,12 +228,16 @@ def claim_pool(a, store, size):
         try:
             sfd = os.open(spath, os.O_RDWR)
         except FileNotFoundError:
+            rpath = os.path.join(a.mount, "regions", name)
             try:
-                fd = os.open(os.path.join(a.mount, "regions", name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = os.open(rpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 continue  # another producer is making it
             try:
                 os.ftruncate(fd, cls)
+            except OSError:
+                os.unlink(rpath)  # no slot of the wrong size left behind
+                raise
             finally:
                 os.close(fd)
             sfd = os.open(spath, os.O_RDWR)
