@@ -207,11 +207,15 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		notifier := fuseserve.NewNotifier()
 		opts.ServerCallbacks = notifier
 		raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
-		srv, err := fuseserve.Mount(dir, raw, fuseserve.Options{
+		fo := fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
 			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
 			Notifier: notifier, Logf: o.Logf,
-		})
+		}
+		if _, ok := b.(MemoryRegistrar); ok {
+			fo.ReplyMemory = root.m.registerReply
+		}
+		srv, err := fuseserve.Mount(dir, raw, fo)
 		if err != nil {
 			root.m.unmounted()
 			return nil, err

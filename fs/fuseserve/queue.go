@@ -46,9 +46,9 @@ type queue struct {
 	qid   int // the CPU
 	n     int // entries of this thread
 	r     *ring
-	mem   []byte // headers and iovecs, then payloads; never seen by the GC
+	mem   []byte // headers and iovecs; never seen by the GC
 	hdrs  []byte
-	pays  []byte
+	pays  []byte // the entries' payload buffers, a part of Server.slab
 	evfd  int
 	evbuf []byte // 8 bytes of mem
 	live  int    // entries the kernel still has or will get back
@@ -95,11 +95,11 @@ func (q *queue) setup() error {
 	page := os.Getpagesize()
 	hdrBytes := (n*entStride + page - 1) / page * page
 	var err error
-	q.mem, err = unix.Mmap(-1, 0, hdrBytes+n*q.s.payload, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	q.mem, err = unix.Mmap(-1, 0, hdrBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return fmt.Errorf("mmap of ring buffers: %w", err)
+		return fmt.Errorf("mmap of ring headers: %w", err)
 	}
-	q.hdrs, q.pays = q.mem[:hdrBytes], q.mem[hdrBytes:]
+	q.hdrs = q.mem
 	q.evbuf = q.hdrs[hdrBytes-8:]
 	q.r, err = newRing(uint32(n + 2))
 	if err != nil {

@@ -60,6 +60,15 @@ type Options struct {
 	// Notifier, if set, sends the file system's notifications to the
 	// kernel once mounted.
 	Notifier *Notifier
+	// ReplyMemory, if set, is called once with the memory of every ring
+	// entry's payload buffer, before the first request can land there:
+	// a READ's reply is built in that buffer (the dest of
+	// RawFileSystem.Read) and a WRITE's data arrives in it, so a file
+	// system that registers it with its NIC moves payloads with no copy
+	// of its own. The memory stays valid as long as the Server is
+	// referenced. An error leaves the server serving; the file system
+	// then copies (counted in FallbackCopies).
+	ReplyMemory func(b []byte) error
 	// Logf receives lines an operator should see.
 	Logf func(format string, args ...any)
 }
@@ -99,6 +108,7 @@ type Server struct {
 	why      string
 	queues   []*queue
 	cpus     int
+	slab     []byte // every entry's payload buffer, payload bytes each
 
 	wg       sync.WaitGroup // the /dev/fuse loop, its handlers and the queues
 	waitOnce sync.Once
@@ -590,6 +600,14 @@ func (s *Server) Wait() {
 	<-s.done
 }
 
+// pageAligned returns n zeroed bytes that start on a page boundary.
+func pageAligned(n int) []byte {
+	page := os.Getpagesize()
+	b := make([]byte, n+page-1)
+	off := (page - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(page))) % page
+	return b[off : off+n : off+n]
+}
+
 // possibleCPUs is the number of CPUs the kernel gives a FUSE ring queue
 // each (/sys/devices/system/cpu/possible: "0-N").
 func possibleCPUs() (int, error) {
@@ -636,11 +654,22 @@ func (s *Server) startQueues() error {
 		return err
 	}
 	s.entries = entriesPerQueue(s.o.RingBytes, cpus, s.payload)
+	// The payload buffers are ordinary Go memory, page-aligned (the GC
+	// never moves it, and does not scan bytes): it outlives the rings
+	// for whoever registered it (ReplyMemory), so that a NIC writing late
+	// into a buffer never meets an unmapped page.
+	s.slab = pageAligned(cpus * s.entries * s.payload)
+	if s.o.ReplyMemory != nil {
+		if err := s.o.ReplyMemory(s.slab); err != nil {
+			s.logf("FUSE ring payload buffers not registered (%v): READ replies are copied into them", err)
+		}
+	}
 	ready := make(chan error, cpus*s.entries)
 	var qs []*queue
 	for cpu := range cpus {
 		for range s.entries {
-			q := &queue{s: s, qid: cpu, n: 1}
+			k := len(qs)
+			q := &queue{s: s, qid: cpu, n: 1, pays: s.slab[k*s.payload : (k+1)*s.payload : (k+1)*s.payload]}
 			qs = append(qs, q)
 			s.wg.Add(1)
 			go q.run(ready)
