@@ -93,6 +93,9 @@ type Stats struct {
 	// reply buffer and was copied there; FallbackBytes their bytes.
 	FallbackCopies uint64 `json:"fallback_copies"`
 	FallbackBytes  uint64 `json:"fallback_bytes"`
+	// RingReregistered counts ring entries the kernel refused a command
+	// of (other than at unmount) and that were registered again.
+	RingReregistered uint64 `json:"ring_reregistered"`
 }
 
 // Server serves one FUSE mount.
@@ -114,7 +117,7 @@ type Server struct {
 	waitOnce sync.Once
 	done     chan struct{}
 
-	devReqs, ringReqs, ringAsync, fbCopies, fbBytes atomic.Uint64
+	devReqs, ringReqs, ringAsync, fbCopies, fbBytes, ringReregistered atomic.Uint64
 
 	mu      sync.Mutex
 	streams map[uint64]bool          // file handles whose I/O may block
@@ -560,7 +563,8 @@ func (s *Server) cancelAll() {
 // Stats returns what the server did so far.
 func (s *Server) Stats() Stats {
 	st := Stats{Transport: "dev", Why: s.why, DevRequests: s.devReqs.Load(), RingRequests: s.ringReqs.Load(),
-		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load()}
+		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load(),
+		RingReregistered: s.ringReregistered.Load()}
 	if s.uring && len(s.queues) > 0 {
 		st.Transport, st.Why = "io_uring", ""
 		st.Queues, st.EntriesPerQueue = s.cpus, s.entries
