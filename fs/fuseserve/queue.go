@@ -266,6 +266,7 @@ func (q *queue) complete(c cqe) {
 	r := decodeRing(&q.in, q.header(i), q.payload(i))
 	unique := r.header().Unique
 	q.s.ringReqs.Add(1)
+	q.s.inService.Add(1)
 	if q.s.mayBlock(&r) {
 		q.async(i, r)
 		return
@@ -316,6 +317,7 @@ func (q *queue) async(i int, r request) {
 
 // commit answers the request in entry i and fetches the next.
 func (q *queue) commit(i int, unique uint64, st fuse.Status, n int) {
+	q.s.inService.Add(-1)
 	h := q.header(i)
 	if st != fuse.OK {
 		n = 0

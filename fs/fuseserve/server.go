@@ -96,6 +96,9 @@ type Stats struct {
 	// RingReregistered counts ring entries the kernel refused a command
 	// of (other than at unmount) and that were registered again.
 	RingReregistered uint64 `json:"ring_reregistered"`
+	// Stalls counts the times the kernel held requests for the mount
+	// while none was in service or served for 30 s (see stall.go).
+	Stalls uint64 `json:"stalls"`
 }
 
 // Server serves one FUSE mount.
@@ -116,8 +119,10 @@ type Server struct {
 	wg       sync.WaitGroup // the /dev/fuse loop, its handlers and the queues
 	waitOnce sync.Once
 	done     chan struct{}
+	stop     chan struct{} // closed when the /dev/fuse loop ends: the mount is gone
 
-	devReqs, ringReqs, ringAsync, fbCopies, fbBytes, ringReregistered atomic.Uint64
+	devReqs, ringReqs, ringAsync, fbCopies, fbBytes, ringReregistered, stalls atomic.Uint64
+	inService                                                                 atomic.Int64 // requests taken and not yet answered
 
 	mu      sync.Mutex
 	streams map[uint64]bool          // file handles whose I/O may block
@@ -170,7 +175,7 @@ func Mount(dir string, fs fuse.RawFileSystem, o Options) (*Server, error) {
 	if o.RingBytes <= 0 {
 		o.RingBytes = DefaultRingBytes
 	}
-	s := &Server{fs: fs, dir: dir, fd: -1, o: o, maxWrite: o.MaxWrite, done: make(chan struct{}),
+	s := &Server{fs: fs, dir: dir, fd: -1, o: o, maxWrite: o.MaxWrite, done: make(chan struct{}), stop: make(chan struct{}),
 		streams: map[uint64]bool{}, intr: map[uint64]chan struct{}{}}
 	wantRing := false
 	switch o.Mode {
@@ -210,6 +215,12 @@ func Mount(dir string, fs fuse.RawFileSystem, o Options) (*Server, error) {
 		}
 	}
 	s.probePoll()
+	if s.uring && len(s.queues) > 0 {
+		if f := fusectlWaiting(dir); f != "" {
+			s.wg.Add(1)
+			go s.watchStalls(f)
+		}
+	}
 	return s, nil
 }
 
@@ -378,6 +389,7 @@ func (s *Server) reply(unique uint64, st fuse.Status, body []byte) error {
 // or not used).
 func (s *Server) loop(buf []byte) {
 	defer s.wg.Done()
+	defer close(s.stop)
 	defer s.cancelAll()
 	for {
 		n, err := unix.Read(s.fd, buf)
@@ -425,8 +437,10 @@ func (s *Server) devRequest(msg []byte) {
 	r.out = make([]byte, replyCap(r))
 	r.cancel = s.interruptible(h.Unique)
 	s.wg.Add(1)
+	s.inService.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer s.inService.Add(-1)
 		n, st := s.serve(r)
 		s.endInterruptible(h.Unique)
 		if err := s.reply(h.Unique, st, r.out[:n]); err != nil && err != unix.ENODEV {
@@ -564,7 +578,7 @@ func (s *Server) cancelAll() {
 func (s *Server) Stats() Stats {
 	st := Stats{Transport: "dev", Why: s.why, DevRequests: s.devReqs.Load(), RingRequests: s.ringReqs.Load(),
 		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load(),
-		RingReregistered: s.ringReregistered.Load()}
+		RingReregistered: s.ringReregistered.Load(), Stalls: s.stalls.Load()}
 	if s.uring && len(s.queues) > 0 {
 		st.Transport, st.Why = "io_uring", ""
 		st.Queues, st.EntriesPerQueue = s.cpus, s.entries
