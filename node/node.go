@@ -149,6 +149,10 @@ func ParseMeta(s string) ([]netip.AddrPort, error) {
 	return out, nil
 }
 
+// afterRegister, if set (by a test), runs in Start once the node has
+// registered with the meta service.
+var afterRegister func()
+
 // Start starts a node as cfg says; see the package doc for the sequence.
 // ctx bounds the start (with cfg.StartTimeout).
 func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, err error) {
@@ -224,6 +228,9 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	}
 	gid := n.agent.Info().GID
 	n.core.SetGID(gid)
+	if afterRegister != nil {
+		afterRegister()
+	}
 	if cfg.MemSize == 0 {
 		return n, nil
 	}

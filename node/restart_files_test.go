@@ -257,3 +257,75 @@ func TestRestartedPeerReadersLoop(t *testing.T) {
 		}
 	}
 }
+
+// A restarted node's new incarnation is published (registered with the
+// meta service) with its whole directory: a peer that looks it up again
+// at that moment, before Start has returned, finds every region the
+// store kept, not an empty directory (ENOENT for r, which the kernel then
+// remembered for a second).
+func TestRestartedPeerRegisteredWithItsRegions(t *testing.T) {
+	fusetest.Require(t)
+	m := testNode(t) // the meta service
+	metaAddr := []netip.AddrPort{m.Device().Addr()}
+	store := t.TempDir()
+	listen := "127.0.0.1:0"
+	start := func(gid uint32) *Node {
+		dev, err := softnic.OpenUDP(listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := Start(context.Background(), Config{Device: dev, Meta: metaAddr, ShmDir: store, MemSize: 4096,
+			QPCore: qpcore.Config{GID: gid, PeerTimeout: 2 * time.Second}}, quietLog())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	p := start(0)
+	listen = p.Device().Addr().String()
+	gid := p.Self()
+	if _, err := p.Export("r", 8192, 0o644, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := p.LocalRegion("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lr.WriteAt([]byte("region r"), 100); err != nil {
+		t.Fatal(err)
+	}
+	c, err := startAt(t, Config{Meta: metaAddr, ShmDir: t.TempDir(), MemSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	dir := mountNode(t, c)
+	path := filepath.Join(dir, "peers", fmt.Sprint(gid), "mr", "r")
+	read := func(what string) {
+		t.Helper()
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatalf("%s: open: %v", what, err)
+		}
+		defer f.Close()
+		buf := make([]byte, 8)
+		if n, err := f.ReadAt(buf, 100); err != nil || string(buf[:n]) != "region r" {
+			t.Fatalf("%s: %q %v", what, buf[:n], err)
+		}
+	}
+	read("before the restart")
+
+	p.Close()
+	registered := false
+	afterRegister = func() {
+		registered = true
+		read("right after the restarted peer registered")
+	}
+	t.Cleanup(func() { afterRegister = nil })
+	p = start(gid)
+	t.Cleanup(func() { p.Close() })
+	if !registered {
+		t.Fatal("the restarted node never registered")
+	}
+	read("after the restart")
+}
