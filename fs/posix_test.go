@@ -100,9 +100,9 @@ print(db.execute("SELECT count(*) FROM t").fetchone()[0])`, db).CombinedOutput()
 // mmap: the kernel refuses MAP_SHARED of a direct_io file with ENODEV
 // (the daemon never sees the call; the mount does not ask for
 // FUSE_DIRECT_IO_ALLOW_MMAP), read-only or not; MAP_PRIVATE it allows,
-// and each page is then read from the region when first touched and
-// never again: a later change on the peer is not seen through the
-// mapping, while pread sees it.
+// and each page is then read from the region when first touched (here:
+// mlock'ed, so never dropped and read again): a later change on the peer
+// is not seen through the mapping, while pread sees it.
 func TestMmapOfPeerFiles(t *testing.T) {
 	f := newFake(1)
 	f.addPeer(2, 8192)
@@ -131,12 +131,16 @@ func TestMmapOfPeerFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer syscall.Munmap(m)
+	faultIn(t, m)
 	if string(m[:10]) != "peer bytes" {
 		t.Fatalf("MAP_PRIVATE reads %q", m[:10])
 	}
 	f.mu.Lock()
-	copy(f.peers[2]["mem"].data, "new  bytes") // the peer writes
+	peerMem := f.peers[2]["mem"]
 	f.mu.Unlock()
+	peerMem.mu.Lock()
+	copy(peerMem.data, "new  bytes") // the peer writes
+	peerMem.mu.Unlock()
 	if string(m[:10]) != "peer bytes" {
 		t.Errorf("MAP_PRIVATE mapping shows %q after the peer wrote: not the copy read at the first touch", m[:10])
 	}
@@ -156,6 +160,7 @@ func TestMmapOfPeerFiles(t *testing.T) {
 		if err != nil {
 			t.Errorf("mmap MAP_PRIVATE %s: %v", name, err)
 		} else {
+			faultIn(t, m)
 			if name == "peers/2/mem" && string(m[:10]) != "new  bytes" { // a new mapping reads the bytes as they are now
 				t.Errorf("MAP_PRIVATE of %s reads %q", name, m[:10])
 			}
@@ -163,6 +168,20 @@ func TestMmapOfPeerFiles(t *testing.T) {
 		}
 		file.Close()
 	}
+}
+
+// faultIn reads m's pages in and keeps them (mlock) inside a system
+// call. A page fault on a mapping of this process's own FUSE mount, taken
+// by Go code, blocks its thread where the runtime cannot stop it: a
+// garbage collection then waits for it while the FUSE server, stopped by
+// the collection, cannot answer the READ (a deadlock). Locked, the pages
+// are never dropped and read again, so Go code may read them.
+func faultIn(t *testing.T, m []byte) {
+	t.Helper()
+	if err := syscall.Mlock(m); err != nil {
+		t.Fatalf("mlock: %v", err)
+	}
+	t.Cleanup(func() { syscall.Munlock(m) })
 }
 
 // Errnos as Linux tools expect them in regions/: EPERM for link, symlink,
