@@ -17,7 +17,7 @@ import (
 // daemon's mount still there and returns while the new daemon is
 // starting, so the readers also meet a peer that has registered its new
 // incarnation but is not mounted yet: it must already export its
-// regions then (with the cluster's --timeout 1s this failed 2 runs of 3,
+// regions then (with --timeout 1s this failed about every other run,
 // every reader ENOENT, when a node registered before exporting them).
 func TestRestartedPeerRegionFirstRead(t *testing.T) {
 	// The product's default timeout (the cluster's 10 s makes the
