@@ -73,8 +73,10 @@
 //
 // peers/<gid>/mr/ follows the peer: a listing reads the peer's region
 // directory again, a lookup or stat uses a copy at most 1 s old (a name
-// it lacks is looked up again, at most every 100 ms), and an open takes
-// the size from such a copy. An open descriptor follows the region: a
+// it lacks is looked up in the directory read again, and a name the peer
+// does not have is an ENOENT the kernel does not cache: a region created
+// on the peer is found at once), and an open takes the size from such a
+// copy. An open descriptor follows the region: a
 // read or write at or past the end as last seen reads the directory
 // again (a grown region's new bytes are read; at the new end a read
 // returns 0), and an operation (read, write or atomic) that fails because

@@ -139,6 +139,13 @@ const fixedEntryTimeout = time.Hour
 // (4 of 15 FUSE requests with 4 nodes).
 const peerEntryTimeout = 10 * time.Second
 
+// noNegativeEntry makes a Lookup's ENOENT reach the kernel as an error,
+// which it does not cache (with the mount's NegativeTimeout, go-fuse would
+// turn it into a negative entry kept that long; it does not when the
+// Lookup set an entry timeout of its own, and a kernel that did cache it
+// would keep it for a nanosecond).
+func noNegativeEntry(out *fuse.EntryOut) { out.SetEntryTimeout(time.Nanosecond) }
+
 // lookupFixed answers a LOOKUP of one of dir's fixed children (added in
 // OnAdd) as go-fuse would, with the child's attributes, but with an
 // entry timeout of fixedEntryTimeout. A child whose attributes cannot be
@@ -182,15 +189,14 @@ func (r *root) OnAdd(ctx context.Context) {
 
 // How fresh the files under peers/<gid>/ are. A listing of mr/ reads the
 // peer's region directory again; a name it does not know, an open or a
-// stat uses a copy at most peerFresh old, and a name still unknown is
-// looked up again at most every peerMissRefresh. A read or write that
+// stat uses a copy at most peerFresh old, and a name that copy lacks is
+// looked up in the directory read again (a region created on the peer is
+// found at once; the kernel keeps no negative entry under mr/, see
+// peerMRDir.Lookup). A read or write that
 // fails because the region changed (new rkey, new size, removed) reads
 // the directory again and is retried once. An atomic is retried by the
 // backend, and only when the peer refused it (it did not act).
-const (
-	peerFresh       = time.Second
-	peerMissRefresh = 100 * time.Millisecond
-)
+const peerFresh = time.Second
 
 func freshRegions(ctx context.Context, conn Conn, maxAge time.Duration) ([]Region, error) {
 	if fc, ok := conn.(FreshConn); ok {
@@ -384,21 +390,28 @@ func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 }
 
 // Lookup finds a region in a copy of the directory at most peerFresh
-// old; a name that copy lacks is looked up in one at most
-// peerMissRefresh old (a region just created on the peer).
+// old; a name that copy lacks is looked up in the directory read again
+// (a region just created on the peer). A name the peer does not have is
+// ENOENT with no negative entry: the kernel asks again at the next
+// lookup, so a region created on the peer right after a failed lookup is
+// found at once. (Each such lookup costs a FUSE LOOKUP and a directory
+// READ; the names under peers/<gid>/ itself never change and keep the
+// mount's negative entries.)
 func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var r Region
 	err := d.withConn(ctx, func(c context.Context, conn Conn) (err error) {
 		r, err = freshRegion(c, conn, name, peerFresh)
-		if errno(err) == syscall.ENOENT {
-			r, err = freshRegion(c, conn, name, peerMissRefresh)
-		} else if staleErr(err) {
+		if errno(err) == syscall.ENOENT || staleErr(err) {
 			r, err = freshRegion(c, conn, name, 0) // as in Readdir
 		}
 		return err
 	})
 	if err != nil {
-		return nil, errno(err)
+		e := errno(err)
+		if e == syscall.ENOENT {
+			noNegativeEntry(out)
+		}
+		return nil, e
 	}
 	f := &remoteFile{m: d.m, gid: d.gid, region: name}
 	f.fill(&out.Attr, r)
