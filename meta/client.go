@@ -200,7 +200,9 @@ type Client struct {
 	knownMu sync.Mutex
 	known   map[uint32]NodeInfo
 
-	tick   *clock.Ticker
+	// kick wakes maintain (capacity 1): a connection died, or an attempt
+	// failed and set a new retryAt.
+	kick   chan struct{}
 	ctx    context.Context // ends at Close; bounds background work
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -250,7 +252,7 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 		return nil, err
 	}
 	c := &Client{dev: dev, cfg: cfg, clock: cfg.Clock, pd: pd, done: make(chan struct{}),
-		known: make(map[uint32]NodeInfo)}
+		kick: make(chan struct{}, 1), known: make(map[uint32]NodeInfo)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	for _, a := range cfg.Servers {
 		c.servers = append(c.servers, &server{addr: a, dialing: make(chan struct{}, 1)})
@@ -319,9 +321,8 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 		c.Close()
 		return nil, unreachable(errs)
 	}
-	c.tick = clock.NewTicker(c.clock, cfg.RetryInterval)
 	c.wg.Add(1)
-	go c.maintain()
+	go c.maintain(c.clock.Now())
 	return c, nil
 }
 
@@ -331,9 +332,6 @@ func (c *Client) Close() error {
 	c.once.Do(func() {
 		c.cancel()
 		close(c.done)
-		if c.tick != nil {
-			c.tick.Stop()
-		}
 		c.wg.Wait()
 		for _, s := range c.servers {
 			s.mu.Lock()
@@ -485,6 +483,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		s.lastErr, s.lastTry = err, c.clock.Now()
 		s.fails++
 		s.retryAt = s.lastTry.Add(c.retryDelay(s.fails))
+		c.poke()
 		if isBusy(err) {
 			err = fmt.Errorf("%w: %w", ErrBusy, err)
 		}
@@ -521,13 +520,37 @@ func (c *Client) reconnectTimeout(last time.Duration) time.Duration {
 
 // maintain reconnects servers that are down and pings idle connections so
 // that the servers keep them. It runs until Close.
-func (c *Client) maintain() {
+//
+// It looks at the servers at ticks RetryInterval apart from start, but
+// sleeps through the ticks at which nothing can be due: the next is the
+// first tick at or after a down server's retryAt or a live connection's
+// ping time, or the tick after a kick (a connection died, or an attempt
+// failed). An idle node then wakes about once per IdleTimeout/3, not five
+// times a second, with the same reconnections and pings at the same
+// ticks.
+func (c *Client) maintain(start time.Time) {
 	defer c.wg.Done()
+	period := c.cfg.RetryInterval
+	// tickAfter is the first tick after now that is at or after due.
+	tickAfter := func(now, due time.Time) time.Time {
+		if !due.After(now) {
+			due = now.Add(1)
+		}
+		k := (due.Sub(start) + period - 1) / period
+		return start.Add(k * period)
+	}
+	next := start.Add(period)
 	for {
+		ch, stop := clock.After(c.clock, next.Sub(c.clock.Now()))
 		select {
 		case <-c.done:
+			stop()
 			return
-		case <-c.tick.C:
+		case <-c.kick:
+			stop()
+			next = tickAfter(c.clock.Now(), c.nextDue(time.Time{}))
+			continue
+		case <-ch:
 		}
 		ctx := c.ctx
 		now := c.clock.Now()
@@ -550,6 +573,46 @@ func (c *Client) maintain() {
 			}
 			cn.unref()
 		}
+		// A kick that came while this went over the servers is seen.
+		select {
+		case <-c.kick:
+		default:
+		}
+		next = tickAfter(c.clock.Now(), c.nextDue(now))
+	}
+}
+
+// nextDue returns when maintain next has something to do: the earliest
+// retryAt of a down server and ping time of a live connection. A down
+// server is due at once if its retryAt is not after now (an attempt made
+// at now that failed set a later one); the zero now takes the clock's.
+func (c *Client) nextDue(now time.Time) time.Time {
+	if now.IsZero() {
+		now = c.clock.Now()
+	}
+	var due time.Time
+	for _, s := range c.servers {
+		var at time.Time
+		if cn := s.live(); cn != nil {
+			at = time.Unix(0, cn.lastTx.Load()+int64(cn.boot.IdleTimeout/3))
+			cn.unref()
+		} else {
+			s.mu.Lock()
+			at = s.retryAt
+			s.mu.Unlock()
+		}
+		if due.IsZero() || at.Before(due) {
+			due = at
+		}
+	}
+	return due
+}
+
+// poke wakes maintain to look at when it is next due.
+func (c *Client) poke() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
 	}
 }
 

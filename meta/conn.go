@@ -318,6 +318,7 @@ func (cn *conn) kill() {
 	// any landing area.
 	_ = cn.qp.Modify(verbs.QPAttr{State: verbs.StateErr})
 	close(cn.deadCh)
+	cn.cl.poke() // its server is down: maintain reconnects at its next tick
 }
 
 // acquire takes an op slot and arms it as kind. The caller holds a
