@@ -1,7 +1,12 @@
 package softnic
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,5 +75,48 @@ func TestCMRecordsExpireInOrder(t *testing.T) {
 	c.expireLocked(end.Add(cmRecordTL + time.Millisecond))
 	if len(c.done) != 0 || len(c.perSrc) != 0 || len(c.aged) != 0 {
 		t.Fatalf("after every record's lifetime: %d records, %d sources, %d listed", len(c.done), len(c.perSrc), len(c.aged))
+	}
+}
+
+// TestCMCookieReusedMAC: cookies made with the reused HMACs, from several
+// goroutines at once, are those of a fresh HMAC of the address, the
+// connection ID and the epoch.
+func TestCMCookieReusedMAC(t *testing.T) {
+	var c cmState
+	c.init()
+	want := func(from netip.AddrPort, id uint64, e int64) uint64 {
+		m := hmac.New(sha256.New, c.secret[:])
+		b, _ := from.MarshalBinary()
+		m.Write(b)
+		var x [16]byte
+		binary.BigEndian.PutUint64(x[:], id)
+		binary.BigEndian.PutUint64(x[8:], uint64(e))
+		m.Write(x[:])
+		return binary.BigEndian.Uint64(m.Sum(nil)) | 1
+	}
+	froms := []netip.AddrPort{
+		netip.MustParseAddrPort("10.1.2.3:4791"),
+		netip.MustParseAddrPort("[fe80::1%eth0]:4791"),
+		netip.MustParseAddrPort("[2001:db8::7]:20000"),
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				from, id, e := froms[i%len(froms)], uint64(i*7+g), int64(i%3)
+				if got, w := c.cookie(from, id, e), want(from, id, e); got != w {
+					errs <- fmt.Sprintf("cookie(%v, %d, %d) = %x, want %x", from, id, e, got, w)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatal(e)
 	}
 }
