@@ -235,6 +235,10 @@ type server struct {
 	// handshake is how long the last connection that succeeded took to
 	// make (client clock): what the server could do then.
 	handshake time.Duration
+
+	// spare is kept from an attempt the server rejected, for the next
+	// (dialSpare); Close releases it.
+	spare spareQP
 }
 
 // NewClient makes a client of the meta servers in cfg.Servers on dev. It
@@ -337,7 +341,13 @@ func (c *Client) Close() error {
 			s.mu.Lock()
 			cn := s.cur
 			s.cur = nil
+			spare := s.spare
+			s.spare = spareQP{}
 			s.mu.Unlock()
+			if spare.qp != nil {
+				spare.qp.Destroy()
+				spare.cq.Destroy()
+			}
 			if cn != nil {
 				if cn.ref() {
 					ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
@@ -474,7 +484,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		ctx, cancel = clock.WithTimeout(ctx, c.clock, limit)
 	}
 	defer cancel()
-	cn, err := c.dial(ctx, s.addr, gen)
+	cn, err := c.dialSpare(ctx, s.addr, gen, s)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
