@@ -1,13 +1,19 @@
 package meta
 
 import (
+	"context"
+	"errors"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/krfs/krfs/clock"
+	"github.com/krfs/krfs/verbs"
 	"github.com/krfs/krfs/verbs/softnic/softnictest"
+	"github.com/krfs/krfs/verbs/softnic/wire"
 )
 
 // countingClock counts the timers armed on it.
@@ -56,4 +62,43 @@ func TestIdleClientSleeps(t *testing.T) {
 	if st := cl.Stats(); st.Connects != 2 {
 		t.Fatalf("a connection that died was not made again within a tick: %+v", st)
 	}
+}
+
+// TestBusyAttemptsReuseQP: a client answered busy at every connection
+// attempt makes one QP and uses it for every attempt (its connection
+// requests all carry one QPN), where it made and dropped a QP and a CQ
+// per attempt: most of what a 10,000-node start storm allocated.
+func TestBusyAttemptsReuseQP(t *testing.T) {
+	checkLeaks(t)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFabric(t, "fake", softnictest.Config{Seed: 1})
+		srv := f.hostDevice(1)
+		if err := srv.ListenRC(DefaultService, func(verbs.ConnRequest) (verbs.QP, []byte, error) {
+			return nil, nil, errors.New(busyReject)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		reqs, qpns := map[uint64]bool{}, map[uint32]bool{}
+		f.net.SetFilter(func(from, to netip.AddrPort, h wire.Header, _ []byte) softnictest.Verdict {
+			if to == srv.Addr() && h.Op == wire.OpCMReq {
+				mu.Lock()
+				reqs[h.ConnID], qpns[h.CMQPN] = true, true
+				mu.Unlock()
+			}
+			return softnictest.Pass
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := NewClient(ctx, f.hostDevice(2), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1})
+		if err == nil {
+			t.Fatal("NewClient against a service always busy succeeded")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(reqs) < 4 || len(qpns) != 1 {
+			t.Fatalf("%d connection attempts from %d QPs, want one QP", len(reqs), len(qpns))
+		}
+		t.Logf("%d connection attempts answered busy, all from one QP", len(reqs))
+	})
 }
