@@ -558,7 +558,7 @@ func (c *Client) maintain(start time.Time) {
 			return
 		case <-c.kick:
 			stop()
-			next = tickAfter(c.clock.Now(), c.nextDue(time.Time{}))
+			next = tickAfter(c.clock.Now(), c.nextDue())
 			continue
 		case <-ch:
 		}
@@ -588,20 +588,16 @@ func (c *Client) maintain(start time.Time) {
 		case <-c.kick:
 		default:
 		}
-		next = tickAfter(c.clock.Now(), c.nextDue(now))
+		next = tickAfter(c.clock.Now(), c.nextDue())
 	}
 }
 
 // nextDue returns when maintain next has something to do: the earliest
-// retryAt of a down server and ping time of a live connection. A down
-// server is due at once if its retryAt is not after now (an attempt made
-// at now that failed set a later one); the zero now takes the clock's.
-func (c *Client) nextDue(now time.Time) time.Time {
-	if now.IsZero() {
-		now = c.clock.Now()
-	}
+// retryAt of a down server (the zero time if it never failed: at once)
+// and ping time of a live connection.
+func (c *Client) nextDue() time.Time {
 	var due time.Time
-	for _, s := range c.servers {
+	for i, s := range c.servers {
 		var at time.Time
 		if cn := s.live(); cn != nil {
 			at = time.Unix(0, cn.lastTx.Load()+int64(cn.boot.IdleTimeout/3))
@@ -611,7 +607,7 @@ func (c *Client) nextDue(now time.Time) time.Time {
 			at = s.retryAt
 			s.mu.Unlock()
 		}
-		if due.IsZero() || at.Before(due) {
+		if i == 0 || at.Before(due) {
 			due = at
 		}
 	}

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -27,30 +28,47 @@ func (c *countingClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	return c.ManualClock.AfterFunc(d, f)
 }
 
-// TestIdleClientSleeps: an idle client keeps its connection (a ping each
+// TestIdleClientSleeps: an idle client keeps its connections (a ping each
 // IdleTimeout/3) without waking at every RetryInterval: over two minutes
 // it arms a few timers per ping, not one per 200 ms tick (600, as its
 // maintenance ticker did, a wake-up of every idle node five times a
 // second, most of a 10,000-node simulation's time once it converged). A
-// connection that dies is still made again at the next tick.
+// connection that dies is still made again at the next tick, with one
+// server or with replicas whose connections are live.
 func TestIdleClientSleeps(t *testing.T) {
+	for _, servers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d servers", servers), func(t *testing.T) { testIdleClientSleeps(t, servers) })
+	}
+}
+
+func testIdleClientSleeps(t *testing.T, servers int) {
 	checkLeaks(t)
 	clk := softnictest.NewManualClock(time.Time{})
 	f := newFabric(t, "fake", softnictest.Config{Seed: 1, Clock: clk, AutoFlush: true})
-	srv := startServer(t, f.device(), ServerConfig{Clock: clk})
-	cc := &countingClock{ManualClock: clk}
-	cl := startClient(t, f.device(), ClientConfig{Servers: []netip.AddrPort{srv.Addr()}, CacheEntries: -1, Clock: cc})
-	settle(f, srv)
-	armed := cc.timers.Load()
-	const idle = 2 * time.Minute // four times the server's IdleTimeout
-	advance(clk, idle, 100*time.Millisecond, func() { settle(f, srv) })
-	ticks := int64(idle / DefaultRetryInterval)
-	if n := cc.timers.Load() - armed; n > ticks/10 {
-		t.Fatalf("an idle client armed %d timers in %v (%d ticks of %v)", n, idle, ticks, DefaultRetryInterval)
+	var srvs []*Server
+	var addrs []netip.AddrPort
+	for range servers {
+		s := startServer(t, f.device(), ServerConfig{Clock: clk})
+		srvs, addrs = append(srvs, s), append(addrs, s.Addr())
 	}
-	t.Logf("an idle client armed %d timers in %v", cc.timers.Load()-armed, idle)
-	if st := cl.Stats(); st.Connects != 1 || srv.Stats().Conns != 1 || srv.Stats().Reaped != 0 {
-		t.Fatalf("idle connection not kept: client %+v, server %+v", st, srv.Stats())
+	cc := &countingClock{ManualClock: clk}
+	cl := startClient(t, f.device(), ClientConfig{Servers: addrs, CacheEntries: -1, Clock: cc})
+	quiet := func() { settle(f, srvs...) }
+	waitFor(t, time.Minute, "every server connected", func() bool { return cl.Stats().Connects == uint64(servers) })
+	quiet()
+	armed := cc.timers.Load()
+	const idle = 2 * time.Minute // four times the servers' IdleTimeout
+	advance(clk, idle, 100*time.Millisecond, quiet)
+	ticks := int64(idle / DefaultRetryInterval)
+	n := cc.timers.Load() - armed
+	t.Logf("an idle client of %d servers armed %d timers in %v", servers, n, idle)
+	if n > int64(servers)*ticks/10 {
+		t.Fatalf("an idle client of %d servers armed %d timers in %v (%d ticks of %v)", servers, n, idle, ticks, DefaultRetryInterval)
+	}
+	for _, s := range srvs {
+		if st := cl.Stats(); st.Connects != uint64(servers) || s.Stats().Conns != 1 || s.Stats().Reaped != 0 {
+			t.Fatalf("idle connection not kept: client %+v, server %+v", st, s.Stats())
+		}
 	}
 	cn := cl.servers[0].live()
 	if cn == nil {
@@ -58,8 +76,8 @@ func TestIdleClientSleeps(t *testing.T) {
 	}
 	cn.kill()
 	cn.unref()
-	advance(clk, DefaultRetryInterval, 10*time.Millisecond, func() { settle(f, srv) })
-	if st := cl.Stats(); st.Connects != 2 {
+	advance(clk, DefaultRetryInterval, 10*time.Millisecond, quiet)
+	if st := cl.Stats(); st.Connects != uint64(servers)+1 {
 		t.Fatalf("a connection that died was not made again within a tick: %+v", st)
 	}
 }
