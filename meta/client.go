@@ -58,9 +58,10 @@ type ClientConfig struct {
 	// many nodes start at once, then completes the one handshake).
 	RPCTimeout, ConnectTimeout, FirstConnectTimeout time.Duration
 	// RetryInterval paces reconnection to a server that is down, and is
-	// how often the client checks whether a connection needs a ping.
-	// Consecutive failures double it, up to MaxRetryInterval, with
-	// jitter (reconnect.go).
+	// the grain of the client's maintenance: reconnections and keepalive
+	// pings happen at ticks RetryInterval apart (it sleeps through the
+	// ticks with nothing due). Consecutive failures double it, up to
+	// MaxRetryInterval, with jitter (reconnect.go).
 	RetryInterval, MaxRetryInterval time.Duration
 	// QPTimeout and QPRetryCnt tune the RC QPs; a dead server is noticed
 	// after about QPTimeout*(QPRetryCnt+1) on a READ. Zero QPTimeout is
