@@ -206,7 +206,7 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		// when Init, which takes go-fuse's *fuse.Server, is not called).
 		notifier := fuseserve.NewNotifier()
 		opts.ServerCallbacks = notifier
-		raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
+		raw := &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
 		srv, err := fuseserve.Mount(dir, raw, fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
 			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
@@ -221,7 +221,7 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		}
 		return &Server{ring: srv}, nil
 	}
-	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
+	raw := &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
 	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
 		root.m.unmounted()
