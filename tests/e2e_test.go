@@ -284,6 +284,8 @@ print("ok")`, h1+"/stats", h1+"/peers/2/mem")
 fd = os.open(%q, os.O_RDONLY)
 m = os.read(fd, 2<<20)
 assert m == b%q, m[:64]
+m = os.read(fd, 2<<20)
+assert m == b"", m[:64]  # end of the messages queued: the next read waits
 big = open(%q, "rb").read()
 print("reading", flush=True)
 m = os.read(fd, 2<<20)
