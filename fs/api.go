@@ -75,4 +75,7 @@ type StreamPort interface {
 	Unrecv(msg []byte)
 	// QueuedBytes is the total size of the messages waiting.
 	QueuedBytes() int64
+	// OnQueue sets a function called each time a message is queued
+	// (nil: none); it must not block.
+	OnQueue(f func())
 }

@@ -362,6 +362,13 @@ type fakePort struct {
 	// context has ended.
 	takeLate        bool
 	waiting, gaveUp chan struct{}
+	onQueue         func()
+}
+
+func (p *fakePort) OnQueue(f func()) {
+	p.mu.Lock()
+	p.onQueue = f
+	p.mu.Unlock()
 }
 
 var _ fs.StreamPort = (*fakePort)(nil)
@@ -373,10 +380,14 @@ func (p *fakePort) put(m []byte, front bool) {
 	} else {
 		p.q = append(p.q, m)
 	}
+	f := p.onQueue
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
 	default:
+	}
+	if f != nil {
+		f()
 	}
 }
 

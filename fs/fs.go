@@ -54,6 +54,11 @@ type Options struct {
 	// RingBytes bounds the io_uring entries' payload buffers (0:
 	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
 	RingBytes int
+	// Poll makes krfs's own transport (TransportURing, TransportAuto)
+	// answer FUSE_POLL, so that poll, select and epoll wait for a port's
+	// messages (go-fuse's server, TransportDev, cannot). Leave it off in
+	// a process that opens files of its own mount: see fuseserve.Poller.
+	Poll bool
 }
 
 // The FUSE transports (Options.Transport):
@@ -206,7 +211,11 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		// when Init, which takes go-fuse's *fuse.Server, is not called).
 		notifier := fuseserve.NewNotifier()
 		opts.ServerCallbacks = notifier
-		raw := &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
+		var raw fuse.RawFileSystem = &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
+		if o.Poll {
+			root.m.polls = newPortPolls(notifier)
+			raw = pollingFS{RawFileSystem: raw, p: root.m.polls}
+		}
 		srv, err := fuseserve.Mount(dir, raw, fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
 			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,

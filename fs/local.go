@@ -332,6 +332,8 @@ type boundPort struct {
 	Port
 	times    fileTimes
 	openRead atomic.Int64 // bytes read through descriptors still open
+	pollers  pollers      // the kernel's pollers waiting for a message
+	gone     atomic.Bool  // unbound
 
 	mu       sync.Mutex // guards mode, uid, gid
 	mode     uint32
@@ -405,6 +407,10 @@ func (d *portsDir) bind(ctx context.Context, name string, out *fuse.EntryOut) (*
 		return nil, errno(err)
 	}
 	bp := &boundPort{Port: port, mode: 0o600}
+	if sp, ok := port.(StreamPort); ok && d.m.polls != nil {
+		n := d.m.polls.n
+		sp.OnQueue(func() { bp.pollers.wake(n) })
+	}
 	if caller, ok := fuse.FromContext(ctx); ok && caller != nil {
 		bp.uid, bp.gid = caller.Uid, caller.Gid
 	}
@@ -421,7 +427,8 @@ func (d *portsDir) Create(ctx context.Context, name string, flags uint32, mode u
 		return nil, nil, 0, e
 	}
 	lp := n.Operations().(*localPortFile)
-	return n, &portHandle{port: lp.port, nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE, 0
+	h := &portHandle{port: lp.port, nonblock: flags&syscall.O_NONBLOCK != 0}
+	return n, h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE | d.m.polls.open(h), 0
 }
 
 func (d *portsDir) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -440,7 +447,12 @@ func (d *portsDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if port == nil {
 		return syscall.ENOENT
 	}
-	return errno(port.Close())
+	err := port.Close()
+	port.gone.Store(true)
+	if d.m.polls != nil {
+		port.pollers.wake(d.m.polls.n)
+	}
+	return errno(err)
 }
 
 // localPortFile is ports/<port>.
@@ -526,7 +538,8 @@ func (f *localPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle
 		return nil, 0, syscall.EACCES
 	}
 	// FOPEN_NONSEEKABLE: a port is a stream, offsets mean nothing.
-	return &portHandle{port: f.port, nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE, 0
+	h := &portHandle{port: f.port, nonblock: flags&syscall.O_NONBLOCK != 0}
+	return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE | f.m.polls.open(h), 0
 }
 
 // Read returns exactly one message (offsets are ignored: a port is a

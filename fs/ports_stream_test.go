@@ -11,6 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/krfs/krfs/fs"
+	"github.com/krfs/krfs/internal/fusetest"
 )
 
 // guard bounds a wait for an event that must come; it is a failure
@@ -248,4 +251,109 @@ func TestTailFollowsAPort(t *testing.T) {
 	if got := drain(t, port); strings.Join(got, "") != strings.Join(want, "") {
 		t.Fatalf("after tail was killed: %q, want %q", got, want)
 	}
+}
+
+// inPoll waits until process pid sleeps in poll(2) or ppoll(2).
+func inPoll(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(guard)
+	for time.Now().Before(deadline) {
+		sc, err1 := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		st, err2 := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err1 != nil || err2 != nil {
+			t.Skipf("cannot see the poller's system call: %v %v", err1, err2)
+		}
+		f := strings.Fields(string(sc))
+		s := string(st)
+		if len(f) > 0 && (f[0] == "7" || f[0] == "271") && strings.Contains(s[strings.LastIndexByte(s, ')'):], " S ") {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("process %d not waiting in poll within %v", pid, guard)
+}
+
+// With Options.Poll on krfs's own transport, poll(2) on a port file
+// waits for a message: an empty port is not ready, a message wakes the
+// poller, and after a read that returned a message the port is ready
+// (its next read returns 0) until that read. Go-fuse's server (the dev
+// transport) answers FUSE_POLL with ENOSYS and cannot do this.
+func TestPollWaitsForAPortMessage(t *testing.T) {
+	fusetest.Require(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	f := newFake(1)
+	// This process opens files of the mount through syscall only (os.Open
+	// would register them with the runtime's netpoller, whose FUSE_POLL
+	// requests the polling mount answers: see fuseserve.Poller).
+	dir := fusetest.Mount(t, f, fs.Options{Timeout: time.Second, Transport: fs.TransportAuto, Poll: true})
+	port := filepath.Join(dir, "ports/9")
+	fd, err := syscall.Open(port, syscall.O_RDONLY|syscall.O_CREAT, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(fd)
+	send := func(m string) {
+		t.Helper()
+		fd, err := syscall.Open(filepath.Join(dir, "peers/1/ports/9"), syscall.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Close(fd)
+		if _, err := syscall.Write(fd, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	py := `import os, select, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+p = select.poll()
+p.register(fd, select.POLLIN)
+print("empty", [e for _, e in p.poll(0)], flush=True)
+print("waiting", flush=True)
+print("woken", [e for _, e in p.poll(30000)], flush=True)
+print("got", os.read(fd, 100).decode(), flush=True)
+print("after", [e for _, e in p.poll(0)], flush=True)
+print("eof", len(os.read(fd, 100)), flush=True)
+print("drained", [e for _, e in p.poll(0)], flush=True)
+`
+	cmd := exec.Command("python3", "-c", py, port)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := make(chan string, 10)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case l := <-lines:
+			if l != want {
+				t.Fatalf("poller: %q, want %q; stderr %q", l, want, stderr.String())
+			}
+		case <-time.After(guard):
+			t.Fatalf("poller said nothing for %v, want %q; stderr %q", guard, want, stderr.String())
+		}
+	}
+	expect("empty []")
+	expect("waiting")
+	inPoll(t, cmd.Process.Pid)
+	send("hi")
+	expect("woken [1]")
+	expect("got hi")
+	expect("after [1]")
+	expect("eof 0")
+	expect("drained []")
 }

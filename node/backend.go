@@ -642,6 +642,8 @@ func (a *portAdapter) Unrecv(msg []byte) { a.p.Unrecv(0, msg) }
 
 func (a *portAdapter) QueuedBytes() int64 { return a.p.QueuedBytes() }
 
+func (a *portAdapter) OnQueue(f func()) { a.p.OnQueue(f) }
+
 var _ fs.CapacityReporter = (*Node)(nil)
 
 // Capacity reports the region store's filesystem (its size and free

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Ports: binding, the queue of messages waiting on a port, and Recv,
@@ -41,6 +42,7 @@ type Port struct {
 	q      []inMsg
 	closed bool
 	notify chan struct{}
+	onMsg  atomic.Pointer[func()] // see OnQueue
 }
 
 // Bind opens receive port num.
@@ -77,6 +79,25 @@ func (n *Node) Ports() []uint32 {
 
 // Num is the port number.
 func (pt *Port) Num() uint32 { return pt.num }
+
+// OnQueue sets f to be called, with no lock held, each time a message is
+// queued on the port (received, or given back with Unrecv); nil stops
+// the calls. f must not block: it runs on the node's receive path.
+func (pt *Port) OnQueue(f func()) {
+	if f == nil {
+		pt.onMsg.Store(nil)
+		return
+	}
+	pt.onMsg.Store(&f)
+}
+
+// queued wakes a waiting reader and calls the OnQueue function.
+func (pt *Port) queued() {
+	pt.wake()
+	if f := pt.onMsg.Load(); f != nil {
+		(*f)()
+	}
+}
 
 func (pt *Port) wake() {
 	select {
@@ -193,7 +214,7 @@ func (pt *Port) Unrecv(from uint32, data []byte) {
 	}
 	pt.q = append([]inMsg{im}, pt.q...)
 	pt.mu.Unlock()
-	pt.wake()
+	pt.queued()
 }
 
 // QueuedBytes is the number of payload bytes waiting on the port.

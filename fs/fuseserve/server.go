@@ -196,7 +196,9 @@ func Mount(dir string, fs fuse.RawFileSystem, o Options) (*Server, error) {
 			s.logf("FUSE over io_uring failed (%v): serving /dev/fuse", err)
 		}
 	}
-	s.probePoll()
+	if _, ok := fs.(Poller); !ok {
+		s.probePoll()
+	}
 	return s, nil
 }
 
