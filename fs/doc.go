@@ -142,8 +142,10 @@
 // left goes back to the head of the queue (StreamPort), so a reader that
 // gives up loses nothing; a reply the kernel refuses (the mount is gone)
 // is not reported to the tree by either transport.
-// poll and select cannot wait for a message: both transports answer
-// FUSE_POLL with ENOSYS, so the kernel reports port files always ready.
+// poll, select and epoll wait for a message with Options.Poll on krfs's
+// own transport (TransportURing, TransportAuto; see portPolls); go-fuse's
+// server (TransportDev) answers FUSE_POLL with ENOSYS, and the kernel
+// then reports every file always ready.
 // A port is a regular file that cannot seek, not a FIFO: the kernel
 // serves FIFO inodes of a FUSE mount as local pipes. Its st_size is the
 // bytes queued plus the bytes read through its open descriptors, never
