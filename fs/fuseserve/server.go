@@ -545,7 +545,7 @@ func (s *Server) endInterruptible(unique uint64) {
 	s.mu.Unlock()
 }
 
-//
+// interrupt cancels request unique (the kernel sent FUSE_INTERRUPT).
 // An INTERRUPT comes through /dev/fuse, its request may come through a
 // ring, whose thread may not have taken it yet: an interrupt of a request
 // not known is kept (the last maxEarly of them), and the request starts
