@@ -142,10 +142,11 @@
 // left goes back to the head of the queue (StreamPort), so a reader that
 // gives up loses nothing; a reply the kernel refuses (the mount is gone)
 // is not reported to the tree by either transport.
-// poll, select and epoll wait for a message with Options.Poll on krfs's
-// own transport (TransportURing, TransportAuto; see portPolls); go-fuse's
-// server (TransportDev) answers FUSE_POLL with ENOSYS, and the kernel
-// then reports every file always ready.
+// poll, select and epoll wait for a message with Options.Poll on a mount
+// that krfs's own server serves (TransportURing; TransportAuto when the
+// kernel offers io_uring; see portPolls); go-fuse's server (TransportDev)
+// answers FUSE_POLL with ENOSYS, and the kernel then reports every file
+// always ready.
 // A port is a regular file that cannot seek, not a FIFO: the kernel
 // serves FIFO inodes of a FUSE mount as local pipes. Its st_size is the
 // bytes queued plus the bytes read through its open descriptors, never

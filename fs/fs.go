@@ -54,9 +54,10 @@ type Options struct {
 	// RingBytes bounds the io_uring entries' payload buffers (0:
 	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
 	RingBytes int
-	// Poll makes krfs's own transport (TransportURing, TransportAuto)
-	// answer FUSE_POLL, so that poll, select and epoll wait for a port's
-	// messages (go-fuse's server, TransportDev, cannot). Leave it off in
+	// Poll makes krfs's own server (TransportURing, and TransportAuto
+	// when the kernel offers io_uring) answer FUSE_POLL, so that poll,
+	// select and epoll wait for a port's messages (go-fuse's server,
+	// TransportDev, cannot). Leave it off in
 	// a process that opens files of its own mount: see fuseserve.Poller.
 	Poll bool
 }
