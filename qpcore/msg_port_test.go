@@ -261,7 +261,8 @@ func TestReceiveBuffersGrowAtFirstBind(t *testing.T) {
 }
 
 // A message given back with Unrecv is the port's next message, counted
-// in QueuedBytes, and wakes a reader already waiting.
+// in QueuedBytes, and wakes a reader already waiting; OnQueue's function
+// is called for it as for a message received.
 func TestUnrecvPutsTheMessageBackFirst(t *testing.T) {
 	checkLeaks(t)
 	c := newCluster(t)
@@ -283,7 +284,10 @@ func TestUnrecvPutsTheMessageBackFirst(t *testing.T) {
 	if err != nil || string(buf[:m.Len]) != "one" {
 		t.Fatalf("Recv: %q %v", buf[:m.Len], err)
 	}
+	queued := make(chan struct{}, 4)
+	port.OnQueue(func() { queued <- struct{}{} })
 	port.Unrecv(m.From, buf[:m.Len])
+	<-queued // OnQueue tells of a message given back
 	buf[0] = 'X' // Unrecv kept its own copy
 	if q, qb := port.Queued(), port.QueuedBytes(); q != 2 || qb != 7 {
 		t.Fatalf("after Unrecv: %d messages, %d bytes queued, want 2, 7", q, qb)
@@ -304,6 +308,16 @@ func TestUnrecvPutsTheMessageBackFirst(t *testing.T) {
 	port.Unrecv(2, []byte("again"))
 	if g := <-got; g != "again <nil>" {
 		t.Fatalf("waiting reader: %q", g)
+	}
+	<-queued
+	// and of a message received.
+	if err := b.n.Send(ctx, 1, 3, []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	<-queued
+	port.OnQueue(nil)
+	if m, err := port.Recv(ctx, buf); err != nil || string(buf[:m.Len]) != "new" {
+		t.Fatalf("Recv: %q %v", buf[:m.Len], err)
 	}
 	if qb := port.QueuedBytes(); qb != 0 {
 		t.Fatalf("%d bytes queued at the end", qb)
