@@ -287,7 +287,7 @@ func TestUnrecvPutsTheMessageBackFirst(t *testing.T) {
 	queued := make(chan struct{}, 4)
 	port.OnQueue(func() { queued <- struct{}{} })
 	port.Unrecv(m.From, buf[:m.Len])
-	<-queued // OnQueue tells of a message given back
+	<-queued     // OnQueue tells of a message given back
 	buf[0] = 'X' // Unrecv kept its own copy
 	if q, qb := port.Queued(), port.QueuedBytes(); q != 2 || qb != 7 {
 		t.Fatalf("after Unrecv: %d messages, %d bytes queued, want 2, 7", q, qb)
