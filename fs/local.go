@@ -548,9 +548,11 @@ func (f *localPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle
 // of file, so that a tool reading to the end (cat, tail) gets the
 // messages queued and stops, and the read after that waits again. A
 // signal to the reader interrupts the wait. A descriptor opened with
-// O_NONBLOCK gets EAGAIN when no message is queued, never an end of file
-// (FUSE does not pass a later fcntl(F_SETFL) to the filesystem: the flag
-// counts at open).
+// O_NONBLOCK gets EAGAIN when no message is queued, never an end of file.
+// Only the flag given at open counts, not a later fcntl(F_SETFL) (which
+// go-fuse's node API does not pass on): Go's runtime sets O_NONBLOCK on
+// every FUSE file it opens, and would spin on EAGAIN where the kernel
+// reports the file always ready.
 //
 // A message taken for a reader that was interrupted meanwhile (its
 // caller got a signal, or was killed, before the reply left) goes back
