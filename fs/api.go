@@ -21,6 +21,7 @@ import (
 //
 //	interface         implemented by   without it
 //	BufferRegistrar   Backend          buffers are registered as they come
+//	MemoryRegistrar   Backend          READs on io_uring land in IOBuffers, copied to the ring
 //	CapacityReporter  Backend          statfs reports the regions' sizes only
 //	FreshConn         Conn             the directory is read with Regions every time
 //	SizeConn          Conn             an open reads the peer's directory
@@ -35,6 +36,17 @@ import (
 type BufferRegistrar interface {
 	RegisterIOBuffers(p *IOBuffers) error
 	UnregisterIOBuffers(p *IOBuffers) error
+}
+
+// MemoryRegistrar is implemented by a backend that can register memory
+// the filesystem does not allocate: the payload buffers of the FUSE ring
+// entries (FUSE over io_uring). The filesystem registers them at mount
+// and unregisters them at unmount; a READ whose reply buffer lies in
+// them lands there, by the NIC, and the kernel's copy to the caller is
+// the only one (a WRITE's data leaves from them the same way).
+type MemoryRegistrar interface {
+	RegisterMemory(b []byte) error
+	UnregisterMemory(b []byte) error
 }
 
 // CapacityReporter is implemented by a backend that knows how much memory

@@ -48,8 +48,8 @@ type Options struct {
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
 	// Transport picks how FUSE requests reach the tree (see Transports):
-	// TransportDev (the default when empty), TransportAuto or
-	// TransportURing.
+	// TransportAuto (the default when empty), TransportURing or
+	// TransportDev.
 	Transport string
 	// RingBytes bounds the io_uring entries' payload buffers (0:
 	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
@@ -66,12 +66,9 @@ type Options struct {
 //   - TransportURing: krfs's own server (package fuseserve) mounts
 //     /dev/fuse and serves requests over FUSE over io_uring, one ring per
 //     CPU; the mount fails when the kernel does not offer it.
-//   - TransportAuto: TransportURing when the kernel offers it, else
-//     TransportDev, saying why once in the log.
-//   - TransportDev: go-fuse's server, reading /dev/fuse. The default:
-//     under load an io_uring mount was seen to leave one LOOKUP waiting
-//     forever (the kernel counted it waiting, no ring entry received it),
-//     so io_uring stays opt-in until that is understood.
+//   - TransportAuto (the default): TransportURing when the kernel offers
+//     it, else TransportDev, saying why once in the log.
+//   - TransportDev: go-fuse's server, reading /dev/fuse.
 const (
 	TransportAuto  = "auto"
 	TransportURing = "uring"
@@ -137,9 +134,9 @@ const MaxMessage = MaxIO - 4096
 func Mount(dir string, b Backend, o Options) (*Server, error) {
 	mode := fuseserve.Auto
 	switch o.Transport {
-	case "", TransportDev:
+	case TransportDev:
 		mode = fuseserve.Dev
-	case TransportAuto:
+	case "", TransportAuto:
 	case TransportURing:
 		mode = fuseserve.Uring
 	default:
@@ -217,11 +214,15 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 			root.m.polls = newPortPolls(notifier)
 			raw = pollingFS{RawFileSystem: raw, p: root.m.polls}
 		}
-		srv, err := fuseserve.Mount(dir, raw, fuseserve.Options{
+		fo := fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
 			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
 			Notifier: notifier, Logf: o.Logf,
-		})
+		}
+		if _, ok := b.(MemoryRegistrar); ok {
+			fo.ReplyMemory = root.m.registerReply
+		}
+		srv, err := fuseserve.Mount(dir, raw, fo)
 		if err != nil {
 			root.m.unmounted()
 			return nil, err

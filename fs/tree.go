@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -19,6 +20,9 @@ type mount struct {
 	b  Backend
 	o  Options
 	io *IOBuffers // registered with b (a BufferRegistrar); nil: none
+	// reply is the FUSE ring entries' payload memory, registered with b
+	// (a MemoryRegistrar) when the transport is io_uring; nil: none.
+	reply atomic.Pointer[[]byte]
 
 	mu    sync.Mutex            // guards ports
 	ports map[uint32]*boundPort // bound through ports/
@@ -36,6 +40,44 @@ type mount struct {
 func (m *mount) unmounted() {
 	m.dl.close()
 	m.releaseIO()
+	m.releaseReply()
+}
+
+// registerReply registers the FUSE transport's reply memory b, so that
+// READs land in it (inReply).
+func (m *mount) registerReply(b []byte) error {
+	r, ok := m.b.(MemoryRegistrar)
+	if !ok {
+		return errors.New("the backend cannot register memory")
+	}
+	if err := r.RegisterMemory(b); err != nil {
+		return err
+	}
+	m.reply.Store(&b)
+	return nil
+}
+
+// releaseReply unregisters the reply memory, once no request can use it.
+func (m *mount) releaseReply() {
+	b := m.reply.Swap(nil)
+	if b == nil {
+		return
+	}
+	if err := m.b.(MemoryRegistrar).UnregisterMemory(*b); err != nil {
+		m.logf("unregistering the FUSE ring buffers: %v", err)
+	}
+}
+
+// inReply reports whether dest lies in the registered reply memory: a
+// READ can then land in dest itself.
+func (m *mount) inReply(dest []byte) bool {
+	r := m.reply.Load()
+	if r == nil || len(dest) == 0 || len(*r) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(*r)))
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(dest)))
+	return p >= lo && p+uintptr(len(dest)) <= lo+uintptr(len(*r))
 }
 
 // releaseIO unregisters the I/O buffers, once no request can use them.
@@ -573,22 +615,26 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 			return false
 		}
 		n := min(int64(len(dest)), h.size.Load()-off)
-		// The READ response lands in a block of the registered I/O
-		// buffers, which go-fuse replies from; without a free block, in
-		// dest, the buffer go-fuse would reply from.
-		if buf := f.m.io.get(int(n)); buf != nil {
-			got, err := h.conn.ReadAt(c, f.region, buf, off)
-			if try == 0 && staleErr(err) {
+		// The READ response lands in dest when dest is a FUSE ring
+		// entry's registered payload buffer (io_uring); else in a block
+		// of the registered I/O buffers, which go-fuse replies from;
+		// without a free block, in dest, the buffer go-fuse would reply
+		// from.
+		if !f.m.inReply(dest[:n]) {
+			if buf := f.m.io.get(int(n)); buf != nil {
+				got, err := h.conn.ReadAt(c, f.region, buf, off)
+				if try == 0 && staleErr(err) {
+					f.m.io.Put(buf)
+					return true
+				}
+				if err == nil && got == int(n) {
+					res, e = &poolRead{p: f.m.io, b: buf}, 0
+					return false
+				}
 				f.m.io.Put(buf)
-				return true
-			}
-			if err == nil && got == int(n) {
-				res, e = &poolRead{p: f.m.io, b: buf}, 0
+				res, e = readResult(dest, got, int(n), err)
 				return false
 			}
-			f.m.io.Put(buf)
-			res, e = readResult(dest, got, int(n), err)
-			return false
 		}
 		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
 		if try == 0 && staleErr(err) {

@@ -126,6 +126,9 @@ type Node struct {
 	// (stats) only Load.
 	ioMu   sync.Mutex
 	ioBufs atomic.Pointer[fs.IOBuffers]
+	// ioMem is the memory registered with RegisterMemory (the FUSE ring
+	// entries' payload buffers), under ioMu and with the same rule.
+	ioMem [][]byte
 	// fuseStats reports the mount's FUSE transport (SetFuseStats).
 	fuseStats atomic.Pointer[func() fs.FuseStats]
 
@@ -352,6 +355,7 @@ func (n *Node) CloseAndDiscard() error {
 
 func (n *Node) close(discard bool) error {
 	n.releaseIOBuffers(nil)
+	n.releaseMemory(nil)
 	if n.agent != nil {
 		if err := n.agent.Close(); err != nil {
 			n.log.Debugf("deregister: %v", err)
