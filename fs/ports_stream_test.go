@@ -279,7 +279,7 @@ func inPoll(t *testing.T, pid int) {
 // (its next read returns 0) until that read. Go-fuse's server (the dev
 // transport) answers FUSE_POLL with ENOSYS and cannot do this.
 func TestPollWaitsForAPortMessage(t *testing.T) {
-	fusetest.Require(t)
+	fusetest.RequireURing(t) // krfs's own server; go-fuse's answers ENOSYS
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("no python3")
 	}
@@ -287,7 +287,7 @@ func TestPollWaitsForAPortMessage(t *testing.T) {
 	// This process opens files of the mount through syscall only (os.Open
 	// would register them with the runtime's netpoller, whose FUSE_POLL
 	// requests the polling mount answers: see fuseserve.Poller).
-	dir := fusetest.Mount(t, f, fs.Options{Timeout: time.Second, Transport: fs.TransportAuto, Poll: true})
+	dir := fusetest.Mount(t, f, fs.Options{Timeout: time.Second, Transport: fs.TransportURing, Poll: true})
 	port := filepath.Join(dir, "ports/9")
 	fd, err := syscall.Open(port, syscall.O_RDONLY|syscall.O_CREAT, 0o600)
 	if err != nil {
