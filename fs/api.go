@@ -25,6 +25,7 @@ import (
 //	CapacityReporter  Backend          statfs reports the regions' sizes only
 //	FreshConn         Conn             the directory is read with Regions every time
 //	SizeConn          Conn             an open reads the peer's directory
+//	StreamPort        Port             a message whose reader gave up is lost; ports/<port> has size 0
 
 // BufferRegistrar is implemented by a backend whose transfers are cheaper
 // from memory registered once (qpcore.Node.Register) than from buffers it
@@ -73,4 +74,20 @@ type FreshConn interface {
 // stale-region rule says (retryStale in tree.go).
 type SizeConn interface {
 	FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error)
+}
+
+// StreamPort is a Port that can take a message back and say how many
+// bytes wait on it. ports/<port> then gives back a message whose reader
+// was interrupted before the message reached it, and reports the waiting
+// bytes in st_size (see "Ports" in the package documentation).
+type StreamPort interface {
+	// Unrecv puts msg (a message Recv or TryRecv returned; Unrecv keeps
+	// its own copy) back at the head of the queue, waking a waiting
+	// reader.
+	Unrecv(msg []byte)
+	// QueuedBytes is the total size of the messages waiting.
+	QueuedBytes() int64
+	// OnQueue sets a function called each time a message is queued
+	// (nil: none); it must not block.
+	OnQueue(f func())
 }

@@ -54,6 +54,12 @@ type Options struct {
 	// RingBytes bounds the io_uring entries' payload buffers (0:
 	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
 	RingBytes int
+	// Poll makes krfs's own server (TransportURing, and TransportAuto
+	// when the kernel offers io_uring) answer FUSE_POLL, so that poll,
+	// select and epoll wait for a port's messages (go-fuse's server,
+	// TransportDev, cannot). Leave it off in
+	// a process that opens files of its own mount: see fuseserve.Poller.
+	Poll bool
 }
 
 // The FUSE transports (Options.Transport):
@@ -203,7 +209,11 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		// when Init, which takes go-fuse's *fuse.Server, is not called).
 		notifier := fuseserve.NewNotifier()
 		opts.ServerCallbacks = notifier
-		raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
+		var raw fuse.RawFileSystem = &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
+		if o.Poll {
+			root.m.polls = newPortPolls(notifier)
+			raw = pollingFS{RawFileSystem: raw, p: root.m.polls}
+		}
 		fo := fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
 			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
@@ -222,7 +232,7 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		}
 		return &Server{ring: srv}, nil
 	}
-	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
+	raw := &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
 	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
 		root.m.unmounted()

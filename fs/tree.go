@@ -29,7 +29,8 @@ type mount struct {
 
 	dl deadlines // the data path's contexts
 
-	notifier notifier // nil: goFuseNotifier
+	notifier notifier   // nil: goFuseNotifier
+	polls    *portPolls // nil: FUSE_POLL not answered (Options.Poll)
 
 	times timesTable // regions' times
 }

@@ -673,6 +673,16 @@ func (a *portAdapter) TryRecv(ctx context.Context, buf []byte) (int, error) {
 
 func (a *portAdapter) Close() error { return a.p.Close() }
 
+var _ fs.StreamPort = (*portAdapter)(nil)
+
+// Unrecv gives a message back to the port; the filesystem does not carry
+// the sender's gid, so the message comes back as from gid 0.
+func (a *portAdapter) Unrecv(msg []byte) { a.p.Unrecv(0, msg) }
+
+func (a *portAdapter) QueuedBytes() int64 { return a.p.QueuedBytes() }
+
+func (a *portAdapter) OnQueue(f func()) { a.p.OnQueue(f) }
+
 var _ fs.CapacityReporter = (*Node)(nil)
 
 // Capacity reports the region store's filesystem (its size and free

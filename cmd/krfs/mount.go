@@ -242,7 +242,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm, MaxRegionSize: f.limits.maxRegionSize,
-		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts, Transport: f.transport})
+		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts, Transport: f.transport,
+		Poll: true}) // the daemon opens no file of its own mount (fs.Options.Poll)
 	if err != nil {
 		n.CloseAndDiscard() // a failed mount leaves no region directory behind
 		return fmt.Errorf("mount %s: %w", mnt, err)

@@ -127,6 +127,7 @@ type Server struct {
 	mu      sync.Mutex
 	streams map[uint64]bool          // file handles whose I/O may block
 	intr    map[uint64]chan struct{} // cancel channels of interruptible requests
+	early   []uint64                 // interrupts of requests not seen yet (see interrupt)
 	closing bool
 }
 
@@ -214,7 +215,9 @@ func Mount(dir string, fs fuse.RawFileSystem, o Options) (*Server, error) {
 			s.logf("FUSE over io_uring failed (%v): serving /dev/fuse", err)
 		}
 	}
-	s.probePoll()
+	if _, ok := fs.(Poller); !ok {
+		s.probePoll()
+	}
 	if s.uring && len(s.queues) > 0 {
 		if f := fusectlWaiting(dir); f != "" {
 			s.wg.Add(1)
@@ -539,7 +542,7 @@ func (s *Server) mayBlock(r *request) bool {
 func (s *Server) interruptible(unique uint64) chan struct{} {
 	ch := make(chan struct{})
 	s.mu.Lock()
-	if s.closing {
+	if s.closing || s.interruptedEarly(unique) {
 		close(ch)
 	} else {
 		s.intr[unique] = ch
@@ -548,17 +551,46 @@ func (s *Server) interruptible(unique uint64) chan struct{} {
 	return ch
 }
 
+// maxEarly bounds the interrupts kept for requests not seen yet.
+const maxEarly = 64
+
+// interruptedEarly reports (and forgets) whether unique's INTERRUPT came
+// before the request itself. s.mu is held.
+func (s *Server) interruptedEarly(unique uint64) bool {
+	for i, u := range s.early {
+		if u == unique {
+			s.early = append(s.early[:i], s.early[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Server) endInterruptible(unique uint64) {
 	s.mu.Lock()
 	delete(s.intr, unique)
 	s.mu.Unlock()
 }
 
+// interrupt cancels request unique (the kernel sent FUSE_INTERRUPT).
+// An INTERRUPT comes through /dev/fuse, its request may come through a
+// ring, whose thread may not have taken it yet: an interrupt of a request
+// not known is kept (the last maxEarly of them), and the request starts
+// interrupted when it comes. Without that, a port read whose caller was
+// killed would wait for a message and hand it to the dead caller. (A
+// kept interrupt of a request already answered, or of one served on the
+// ring's thread, which is not interruptible, is never claimed; it ages
+// out.)
 func (s *Server) interrupt(unique uint64) {
 	s.mu.Lock()
 	if ch, ok := s.intr[unique]; ok {
 		close(ch)
 		delete(s.intr, unique)
+	} else {
+		if len(s.early) == maxEarly {
+			s.early = s.early[1:]
+		}
+		s.early = append(s.early, unique)
 	}
 	s.mu.Unlock()
 }
