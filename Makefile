@@ -64,7 +64,8 @@ test: lint
 	if $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; then rc=0; else rc=$$?; fi; \
 	kill $$hb 2>/dev/null || true; \
 	if [ $$rc != 0 ]; then echo "make test: go test FAILED (exit $$rc)"; exit $$rc; fi
-	@echo "make test: go test passed; now rdma-check and fuzz-short"
+	@echo "make test: go test passed; now the 10,000-node start storm (meta, without -race), rdma-check and fuzz-short"
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestStartStorm' ./meta
 	@$(MAKE) --no-print-directory rdma-check
 	@$(MAKE) --no-print-directory fuzz-short
 	@echo "make test: all passed"

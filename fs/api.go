@@ -21,9 +21,11 @@ import (
 //
 //	interface         implemented by   without it
 //	BufferRegistrar   Backend          buffers are registered as they come
+//	MemoryRegistrar   Backend          READs on io_uring land in IOBuffers, copied to the ring
 //	CapacityReporter  Backend          statfs reports the regions' sizes only
 //	FreshConn         Conn             the directory is read with Regions every time
 //	SizeConn          Conn             an open reads the peer's directory
+//	StreamPort        Port             a message whose reader gave up is lost; ports/<port> has size 0
 
 // BufferRegistrar is implemented by a backend whose transfers are cheaper
 // from memory registered once (qpcore.Node.Register) than from buffers it
@@ -34,6 +36,17 @@ import (
 type BufferRegistrar interface {
 	RegisterIOBuffers(p *IOBuffers) error
 	UnregisterIOBuffers(p *IOBuffers) error
+}
+
+// MemoryRegistrar is implemented by a backend that can register memory
+// the filesystem does not allocate: the payload buffers of the FUSE ring
+// entries (FUSE over io_uring). The filesystem registers them at mount
+// and unregisters them at unmount; a READ whose reply buffer lies in
+// them lands there, by the NIC, and the kernel's copy to the caller is
+// the only one (a WRITE's data leaves from them the same way).
+type MemoryRegistrar interface {
+	RegisterMemory(b []byte) error
+	UnregisterMemory(b []byte) error
 }
 
 // CapacityReporter is implemented by a backend that knows how much memory
@@ -61,4 +74,20 @@ type FreshConn interface {
 // stale-region rule says (retryStale in tree.go).
 type SizeConn interface {
 	FreshSize(ctx context.Context, name string, maxAge time.Duration) (int64, error)
+}
+
+// StreamPort is a Port that can take a message back and say how many
+// bytes wait on it. ports/<port> then gives back a message whose reader
+// was interrupted before the message reached it, and reports the waiting
+// bytes in st_size (see "Ports" in the package documentation).
+type StreamPort interface {
+	// Unrecv puts msg (a message Recv or TryRecv returned; Unrecv keeps
+	// its own copy) back at the head of the queue, waking a waiting
+	// reader.
+	Unrecv(msg []byte)
+	// QueuedBytes is the total size of the messages waiting.
+	QueuedBytes() int64
+	// OnQueue sets a function called each time a message is queued
+	// (nil: none); it must not block.
+	OnQueue(f func())
 }

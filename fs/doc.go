@@ -73,8 +73,10 @@
 //
 // peers/<gid>/mr/ follows the peer: a listing reads the peer's region
 // directory again, a lookup or stat uses a copy at most 1 s old (a name
-// it lacks is looked up again, at most every 100 ms), and an open takes
-// the size from such a copy. An open descriptor follows the region: a
+// it lacks is looked up in the directory read again, and a name the peer
+// does not have is an ENOENT the kernel does not cache: a region created
+// on the peer is found at once), and an open takes the size from such a
+// copy. An open descriptor follows the region: a
 // read or write at or past the end as last seen reads the directory
 // again (a grown region's new bytes are read; at the new end a read
 // returns 0), and an operation (read, write or atomic) that fails because
@@ -132,17 +134,27 @@
 // Each port queues a bounded number of messages (the backend's depth); a
 // write to a full port retries until the mount's timeout and then fails
 // with EAGAIN, without holding up other ports; a write to an unbound port
-// fails with ENOENT. A read blocks for the next message, or, on a
-// descriptor opened O_NONBLOCK, fails with EAGAIN when none is queued.
+// fails with ENOENT. A read returns the next message, waiting for one,
+// except on a descriptor whose last read returned a message: there an
+// empty queue reads as an end of file (0), and the read after it waits
+// again; on a descriptor opened O_NONBLOCK an empty queue is EAGAIN.
 // A large message nobody reads yet is staged by the receiving daemon,
-// so the write returns without waiting for a reader.
-// poll and select cannot wait for a message: go-fuse v2.12.1 answers
-// FUSE_POLL with ENOSYS, so the kernel reports port files always ready.
-// (A FUSE transport that answers FUSE_POLL would wake pollers through the
-// mount's notifier.) A port is a regular file, not a FIFO: the kernel
-// serves FIFO inodes of a FUSE mount as local pipes. Reads block, so a
-// tool that reads to an end of file first (tail -f without -n +1) waits
-// for ever; a message is consumed only when a read returns it.
+// so the write returns without waiting for a reader. A message taken for
+// a read whose caller was interrupted (a signal, a kill) before the reply
+// left goes back to the head of the queue (StreamPort), so a reader that
+// gives up loses nothing; a reply the kernel refuses (the mount is gone)
+// is not reported to the tree by either transport.
+// poll, select and epoll wait for a message with Options.Poll on a mount
+// that krfs's own server serves (TransportURing; TransportAuto when the
+// kernel offers io_uring; see portPolls); go-fuse's server (TransportDev)
+// answers FUSE_POLL with ENOSYS, and the kernel then reports every file
+// always ready.
+// A port is a regular file that cannot seek, not a FIFO: the kernel
+// serves FIFO inodes of a FUSE mount as local pipes. Its st_size is the
+// bytes queued plus the bytes read through its open descriptors, never
+// cached by the kernel: it grows by each message, so tail -f (which on
+// FUSE polls fstat and reads what the size grew by) prints each message
+// as it arrives, after reading the queue to its end of file.
 // Tree walkers must skip ports/ (a read waits for, and consumes, a
 // message); ports/ lists only bound ports and peers/<gid>/ports/ lists
 // nothing, so a walk of a node that bound no port meets none.

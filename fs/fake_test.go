@@ -19,7 +19,7 @@ type fakeBackend struct {
 
 	mu    sync.Mutex
 	peers map[uint32]map[string]*fakeRegion
-	ports map[uint32]chan []byte // this node's bound ports
+	ports map[uint32]*fakePort // this node's bound ports
 	down  map[uint32]bool
 	// metaDown makes Peers and PeerInfo fail as with the meta service
 	// unreachable (EHOSTDOWN); peers stay reachable.
@@ -49,7 +49,7 @@ type fakeRegion struct {
 }
 
 func newFake(self uint32) *fakeBackend {
-	f := &fakeBackend{self: self, peers: map[uint32]map[string]*fakeRegion{}, ports: map[uint32]chan []byte{}, down: map[uint32]bool{}}
+	f := &fakeBackend{self: self, peers: map[uint32]map[string]*fakeRegion{}, ports: map[uint32]*fakePort{}, down: map[uint32]bool{}}
 	f.addPeer(self, 4096)
 	return f
 }
@@ -156,9 +156,9 @@ func (f *fakeBackend) Bind(port uint32) (fs.Port, error) {
 	if f.ports[port] != nil {
 		return nil, syscall.EADDRINUSE
 	}
-	ch := make(chan []byte, 64)
-	f.ports[port] = ch
-	return &fakePort{f: f, num: port, ch: ch}, nil
+	p := &fakePort{f: f, num: port, wake: make(chan struct{}, 1)}
+	f.ports[port] = p
+	return p, nil
 }
 
 func (f *fakeBackend) Ports() []uint32 {
@@ -328,15 +328,15 @@ func (c *fakeConn) Send(ctx context.Context, port uint32, msg []byte) error {
 		c.f.mu.Unlock()
 		return syscall.EHOSTDOWN
 	}
-	var ch chan []byte
+	var p *fakePort
 	if c.gid == c.f.self {
-		ch = c.f.ports[port]
+		p = c.f.ports[port]
 	}
 	c.f.mu.Unlock()
-	if ch == nil {
+	if p == nil {
 		return syscall.ECONNREFUSED
 	}
-	ch <- append([]byte(nil), msg...)
+	p.put(append([]byte(nil), msg...), false)
 	return nil
 }
 
@@ -347,34 +347,116 @@ func (c *fakeConn) Close() error {
 	return nil
 }
 
+// fakePort is a bound port: a queue of messages. It is a StreamPort.
 type fakePort struct {
-	f   *fakeBackend
-	num uint32
-	ch  chan []byte
+	f    *fakeBackend
+	num  uint32
+	wake chan struct{} // a message was queued
+
+	mu sync.Mutex
+	q  [][]byte
+	// takeLate, if set, makes a waiting Recv whose context ends take the
+	// next message anyway, once one is queued, and return it: a message
+	// taken from the queue just as its reader is interrupted. waiting and
+	// gaveUp, if set, are told when such a Recv waits and when its
+	// context has ended.
+	takeLate        bool
+	waiting, gaveUp chan struct{}
+	onQueue         func()
+}
+
+func (p *fakePort) OnQueue(f func()) {
+	p.mu.Lock()
+	p.onQueue = f
+	p.mu.Unlock()
+}
+
+var _ fs.StreamPort = (*fakePort)(nil)
+
+func (p *fakePort) put(m []byte, front bool) {
+	p.mu.Lock()
+	if front {
+		p.q = append([][]byte{m}, p.q...)
+	} else {
+		p.q = append(p.q, m)
+	}
+	f := p.onQueue
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	if f != nil {
+		f()
+	}
+}
+
+// take returns the next message, ok false when none is queued.
+func (p *fakePort) take(buf []byte) (n int, ok bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.q) > 0 {
+		m := p.q[0]
+		if len(m) > len(buf) {
+			return 0, true, syscall.EMSGSIZE
+		}
+		p.q = p.q[1:]
+		if len(p.q) > 0 {
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
+		}
+		return copy(buf, m), true, nil
+	}
+	return 0, false, nil
 }
 
 func (p *fakePort) Recv(ctx context.Context, buf []byte) (int, error) {
-	select {
-	case m := <-p.ch:
-		if len(m) > len(buf) {
-			return 0, syscall.EMSGSIZE
+	p.mu.Lock()
+	late, waiting, gaveUp := p.takeLate, p.waiting, p.gaveUp
+	p.mu.Unlock()
+	told := false
+	for {
+		if n, ok, err := p.take(buf); ok {
+			return n, err
 		}
-		return copy(buf, m), nil
-	case <-ctx.Done():
-		return 0, ctx.Err()
+		if late && !told && waiting != nil {
+			told = true
+			close(waiting)
+		}
+		select {
+		case <-p.wake:
+		case <-ctx.Done():
+			if !late {
+				return 0, ctx.Err()
+			}
+			if gaveUp != nil {
+				close(gaveUp)
+				gaveUp = nil
+			}
+			<-p.wake
+		}
 	}
 }
 
 func (p *fakePort) TryRecv(ctx context.Context, buf []byte) (int, error) {
-	select {
-	case m := <-p.ch:
-		if len(m) > len(buf) {
-			return 0, syscall.EMSGSIZE
-		}
-		return copy(buf, m), nil
-	default:
-		return 0, syscall.EAGAIN
+	if n, ok, err := p.take(buf); ok {
+		return n, err
 	}
+	return 0, syscall.EAGAIN
+}
+
+func (p *fakePort) Unrecv(msg []byte) { p.put(append([]byte(nil), msg...), true) }
+
+func (p *fakePort) QueuedBytes() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b int64
+	for _, m := range p.q {
+		b += int64(len(m))
+	}
+	return b
 }
 
 func (p *fakePort) Close() error {

@@ -48,24 +48,27 @@ type Options struct {
 	// should see (a region its memory cannot hold).
 	Logf func(format string, args ...any)
 	// Transport picks how FUSE requests reach the tree (see Transports):
-	// TransportDev (the default when empty), TransportAuto or
-	// TransportURing.
+	// TransportAuto (the default when empty), TransportURing or
+	// TransportDev.
 	Transport string
 	// RingBytes bounds the io_uring entries' payload buffers (0:
 	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
 	RingBytes int
+	// Poll makes krfs's own server (TransportURing, and TransportAuto
+	// when the kernel offers io_uring) answer FUSE_POLL, so that poll,
+	// select and epoll wait for a port's messages (go-fuse's server,
+	// TransportDev, cannot). Leave it off in
+	// a process that opens files of its own mount: see fuseserve.Poller.
+	Poll bool
 }
 
 // The FUSE transports (Options.Transport):
 //   - TransportURing: krfs's own server (package fuseserve) mounts
 //     /dev/fuse and serves requests over FUSE over io_uring, one ring per
 //     CPU; the mount fails when the kernel does not offer it.
-//   - TransportAuto: TransportURing when the kernel offers it, else
-//     TransportDev, saying why once in the log.
-//   - TransportDev: go-fuse's server, reading /dev/fuse. The default:
-//     under load an io_uring mount was seen to leave one LOOKUP waiting
-//     forever (the kernel counted it waiting, no ring entry received it),
-//     so io_uring stays opt-in until that is understood.
+//   - TransportAuto (the default): TransportURing when the kernel offers
+//     it, else TransportDev, saying why once in the log.
+//   - TransportDev: go-fuse's server, reading /dev/fuse.
 const (
 	TransportAuto  = "auto"
 	TransportURing = "uring"
@@ -131,9 +134,9 @@ const MaxMessage = MaxIO - 4096
 func Mount(dir string, b Backend, o Options) (*Server, error) {
 	mode := fuseserve.Auto
 	switch o.Transport {
-	case "", TransportDev:
+	case TransportDev:
 		mode = fuseserve.Dev
-	case TransportAuto:
+	case "", TransportAuto:
 	case TransportURing:
 		mode = fuseserve.Uring
 	default:
@@ -206,12 +209,20 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		// when Init, which takes go-fuse's *fuse.Server, is not called).
 		notifier := fuseserve.NewNotifier()
 		opts.ServerCallbacks = notifier
-		raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
-		srv, err := fuseserve.Mount(dir, raw, fuseserve.Options{
+		var raw fuse.RawFileSystem = &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
+		if o.Poll {
+			root.m.polls = newPortPolls(notifier)
+			raw = pollingFS{RawFileSystem: raw, p: root.m.polls}
+		}
+		fo := fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
 			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
 			Notifier: notifier, Logf: o.Logf,
-		})
+		}
+		if _, ok := b.(MemoryRegistrar); ok {
+			fo.ReplyMemory = root.m.registerReply
+		}
+		srv, err := fuseserve.Mount(dir, raw, fo)
 		if err != nil {
 			root.m.unmounted()
 			return nil, err
@@ -221,7 +232,7 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		}
 		return &Server{ring: srv}, nil
 	}
-	raw := &attrFiller{RawFileSystem: gofs.NewNodeFS(root, opts), mounted: time.Now(), unmounted: root.m.unmounted}
+	raw := &attrFiller{RawFileSystem: uncachedAttrs{gofs.NewNodeFS(root, opts)}, mounted: time.Now(), unmounted: root.m.unmounted}
 	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
 		root.m.unmounted()

@@ -270,3 +270,137 @@ func TestIOBuffersOff(t *testing.T) {
 		t.Fatalf("registered I/O buffers %d times with the pool off", b.registered)
 	}
 }
+
+// memBackend is regBackend that also registers the FUSE transport's
+// reply memory (fs.MemoryRegistrar).
+type memBackend struct {
+	*regBackend
+
+	memMu       sync.Mutex
+	mem         []byte // registered now
+	memGone     chan struct{}
+	memRegs     int
+	memUnregs   int
+	wrongUnregs int
+}
+
+func (b *memBackend) RegisterMemory(m []byte) error {
+	b.memMu.Lock()
+	defer b.memMu.Unlock()
+	b.mem = m
+	b.memRegs++
+	return nil
+}
+
+func (b *memBackend) UnregisterMemory(m []byte) error {
+	b.memMu.Lock()
+	defer b.memMu.Unlock()
+	if b.mem == nil || unsafe.SliceData(m) != unsafe.SliceData(b.mem) {
+		b.wrongUnregs++
+		return nil
+	}
+	b.mem = nil
+	b.memUnregs++
+	close(b.memGone)
+	return nil
+}
+
+func (b *memBackend) inMem(p []byte) bool {
+	b.memMu.Lock()
+	defer b.memMu.Unlock()
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b.mem)))
+	s := uintptr(unsafe.Pointer(unsafe.SliceData(p)))
+	return b.mem != nil && s >= lo && s+uintptr(len(p)) <= lo+uintptr(len(b.mem))
+}
+
+// Rule: on FUSE over io_uring the ring entries' payload buffers are
+// registered with the backend once, every READ of a remote file lands in
+// the entry's buffer itself (no fallback copy, no I/O buffer) and every
+// WRITE leaves from it; they are unregistered once the mount is gone.
+func TestRingBuffersAreRegisteredAndReadsLandInThem(t *testing.T) {
+	fusetest.RequireURing(t)
+	const size = 4 << 20
+	f := newFake(1)
+	f.addPeer(2, size)
+	want := make([]byte, size)
+	pattern(want, 5)
+	b := &memBackend{regBackend: &regBackend{fakeBackend: f}, memGone: make(chan struct{})}
+	var inMem, outside int
+	var hookMu sync.Mutex
+	f.fault = func(write bool, p []byte, off int64, do func([]byte, int64) (int, error)) (int, error) {
+		in := b.inMem(p)
+		hookMu.Lock()
+		if in {
+			inMem++
+		} else {
+			outside++
+		}
+		hookMu.Unlock()
+		return do(p, off)
+	}
+	dir := t.TempDir()
+	srv, err := fs.Mount(dir, b, fs.Options{Timeout: 5 * time.Second, Transport: fs.TransportURing})
+	if err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			srv.Unmount()
+		}
+	}()
+	b.memMu.Lock()
+	registered := len(b.mem)
+	b.memMu.Unlock()
+	if registered == 0 {
+		t.Fatal("the mount registered no ring buffers")
+	}
+	file, err := os.OpenFile(filepath.Join(dir, "peers/2/mem"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < size; off += 256 << 10 {
+		if _, err := file.WriteAt(want[off:off+256<<10], int64(off)); err != nil {
+			t.Fatalf("write at %d: %v", off, err)
+		}
+	}
+	buf := make([]byte, 1<<20)
+	reads := 0
+	for _, n := range []int{8, 4096, 100000, 1 << 20} {
+		for off := 0; off+n <= size; off += size / 4 {
+			if _, err := file.ReadAt(buf[:n], int64(off)); err != nil {
+				t.Fatalf("read %d at %d: %v", n, off, err)
+			}
+			if !bytes.Equal(buf[:n], want[off:off+n]) {
+				t.Fatalf("read %d at %d: wrong bytes", n, off)
+			}
+			reads++
+		}
+	}
+	file.Close()
+	st := srv.Stats()
+	if err := srv.Unmount(); err != nil {
+		t.Fatalf("unmount: %v", err)
+	}
+	mounted = false
+	select {
+	case <-b.memGone:
+	case <-time.After(time.Minute):
+		t.Fatal("the ring buffers were not unregistered after unmount")
+	}
+	t.Logf("%d reads; %d transfers in the ring buffers, %d outside; fuse %+v", reads, inMem, outside, st)
+	if st.Transport != "io_uring" {
+		t.Fatalf("transport %q", st.Transport)
+	}
+	if outside != 0 || inMem < reads+size/(256<<10) {
+		t.Errorf("%d transfers outside the ring buffers, %d inside (%d reads, %d writes)", outside, inMem, reads, size/(256<<10))
+	}
+	if st.FallbackCopies != 0 {
+		t.Errorf("%d READ replies copied into the ring buffers (%d bytes)", st.FallbackCopies, st.FallbackBytes)
+	}
+	b.memMu.Lock()
+	defer b.memMu.Unlock()
+	if b.memRegs != 1 || b.memUnregs != 1 || b.wrongUnregs != 0 {
+		t.Errorf("ring buffers registered %d times, unregistered %d (%d wrong)", b.memRegs, b.memUnregs, b.wrongUnregs)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -329,7 +330,10 @@ func (d *portsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) 
 // kernel checks, under --default-permissions).
 type boundPort struct {
 	Port
-	times fileTimes
+	times    fileTimes
+	openRead atomic.Int64 // bytes read through descriptors still open
+	pollers  pollers      // the kernel's pollers waiting for a message
+	gone     atomic.Bool  // unbound
 
 	mu       sync.Mutex // guards mode, uid, gid
 	mode     uint32
@@ -342,7 +346,28 @@ func (p *boundPort) fill(a *fuse.Attr) {
 	a.Uid, a.Gid = p.uid, p.gid
 	p.mu.Unlock()
 	p.times.fill(a)
+	a.Size = uint64(p.size())
 }
+
+// size is the port's st_size: the bytes queued plus the bytes read
+// through descriptors still open. It grows by each message that arrives
+// and stays put when a message is read, so a tool that follows a file by
+// its size (tail -f, which on a FUSE mount polls fstat) reads exactly
+// the messages that arrived, and never sees the file shrink below what
+// it read itself. Without a StreamPort backend it is 0.
+func (p *boundPort) size() int64 {
+	sp, ok := p.Port.(StreamPort)
+	if !ok {
+		return 0
+	}
+	return p.openRead.Load() + sp.QueuedBytes()
+}
+
+// uncachedAttr is the attribute timeout a port's attributes are given:
+// the kernel must ask again for every stat, since the size moves with
+// each message. go-fuse replaces a zero timeout by the mount's default,
+// so a port asks for this one nanosecond and attrFiller makes it zero.
+const uncachedAttr = time.Nanosecond
 
 func (d *portsDir) port(name string) (*boundPort, uint32, syscall.Errno) {
 	p, ok := parseUint(name)
@@ -363,6 +388,7 @@ func (d *portsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, e
 	}
 	port.fill(&out.Attr)
+	out.SetAttrTimeout(uncachedAttr)
 	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: port}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -381,12 +407,17 @@ func (d *portsDir) bind(ctx context.Context, name string, out *fuse.EntryOut) (*
 		return nil, errno(err)
 	}
 	bp := &boundPort{Port: port, mode: 0o600}
+	if sp, ok := port.(StreamPort); ok && d.m.polls != nil {
+		n := d.m.polls.n
+		sp.OnQueue(func() { bp.pollers.wake(n) })
+	}
 	if caller, ok := fuse.FromContext(ctx); ok && caller != nil {
 		bp.uid, bp.gid = caller.Uid, caller.Gid
 	}
 	bp.times.written(time.Now())
 	d.m.ports[p] = bp
 	bp.fill(&out.Attr)
+	out.SetAttrTimeout(uncachedAttr)
 	return d.NewInode(ctx, &localPortFile{m: d.m, num: p, port: bp}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 
@@ -395,7 +426,9 @@ func (d *portsDir) Create(ctx context.Context, name string, flags uint32, mode u
 	if e != 0 {
 		return nil, nil, 0, e
 	}
-	return n, nil, fuse.FOPEN_DIRECT_IO, 0
+	lp := n.Operations().(*localPortFile)
+	h := &portHandle{port: lp.port, nonblock: flags&syscall.O_NONBLOCK != 0}
+	return n, h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE | d.m.polls.open(h), 0
 }
 
 func (d *portsDir) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -414,7 +447,12 @@ func (d *portsDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if port == nil {
 		return syscall.ENOENT
 	}
-	return errno(port.Close())
+	err := port.Close()
+	port.gone.Store(true)
+	if d.m.polls != nil {
+		port.pollers.wake(d.m.polls.n)
+	}
+	return errno(err)
 }
 
 // localPortFile is ports/<port>.
@@ -468,38 +506,96 @@ func (f *localPortFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fus
 
 func (f *localPortFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	f.port.fill(&out.Attr)
+	out.SetTimeout(uncachedAttr)
 	return 0
 }
 
-// portHandle is an open ports/<port>: whether it was opened O_NONBLOCK.
-type portHandle struct{ nonblock bool }
+// portHandle is an open ports/<port>: whether it was opened O_NONBLOCK,
+// whether its last read returned a message, and the bytes read through
+// it (counted in the port's size while it is open).
+type portHandle struct {
+	port     *boundPort
+	nonblock bool
+
+	mu   sync.Mutex
+	more bool // the last read returned a message
+	read int64
+}
+
+var _ = (gofs.FileReleaser)((*portHandle)(nil))
+
+// Release takes the handle's bytes out of the port's size.
+func (h *portHandle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	h.port.openRead.Add(-h.read)
+	h.read = 0
+	h.mu.Unlock()
+	return 0
+}
 
 func (f *localPortFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
 	// FOPEN_NONSEEKABLE: a port is a stream, offsets mean nothing.
-	return &portHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE, 0
+	h := &portHandle{port: f.port, nonblock: flags&syscall.O_NONBLOCK != 0}
+	return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH | fuse.FOPEN_NONSEEKABLE | f.m.polls.open(h), 0
 }
 
 // Read returns exactly one message (offsets are ignored: a port is a
-// stream of messages). It blocks until one arrives; a signal to the reader
-// interrupts the wait. A descriptor opened with O_NONBLOCK gets EAGAIN
-// when no message is queued (FUSE does not pass a later fcntl(F_SETFL)
-// to the filesystem: the flag counts at open).
+// stream of messages). With none queued it waits for one, unless the
+// descriptor's last read returned a message: then it returns 0, an end
+// of file, so that a tool reading to the end (cat, tail) gets the
+// messages queued and stops, and the read after that waits again. A
+// signal to the reader interrupts the wait. A descriptor opened with
+// O_NONBLOCK gets EAGAIN when no message is queued, never an end of file.
+// Only the flag given at open counts, not a later fcntl(F_SETFL) (which
+// go-fuse's node API does not pass on): Go's runtime sets O_NONBLOCK on
+// every FUSE file it opens, and would spin on EAGAIN where the kernel
+// reports the file always ready.
+//
+// A message taken for a reader that was interrupted meanwhile (its
+// caller got a signal, or was killed, before the reply left) goes back
+// to the head of the queue (StreamPort.Unrecv) and the read fails with
+// EINTR, so a reader that gives up loses no message. Once the reply is
+// written the message is the reader's, as with a pipe.
 func (f *localPortFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h, _ := fh.(*portHandle)
+	if h == nil { // not opened through Open or Create: no state kept
+		h = &portHandle{port: &boundPort{Port: f.port.Port}}
+	}
+	h.mu.Lock()
+	more := h.more
+	h.mu.Unlock()
 	var n int
 	var err error
-	if h, ok := fh.(*portHandle); ok && h.nonblock {
+	if h.nonblock || more {
 		n, err = f.port.TryRecv(ctx, dest)
 	} else {
 		n, err = f.port.Recv(ctx, dest)
 	}
 	if err != nil {
+		if more && !h.nonblock && errors.Is(err, syscall.EAGAIN) {
+			h.mu.Lock()
+			h.more = false
+			h.mu.Unlock()
+			return fuse.ReadResultData(nil), 0
+		}
 		if errors.Is(err, context.Canceled) {
 			return nil, syscall.EINTR
 		}
 		return nil, errno(err)
 	}
+	if ctx.Err() != nil {
+		if sp, ok := f.port.Port.(StreamPort); ok {
+			sp.Unrecv(dest[:n])
+			return nil, syscall.EINTR
+		}
+	}
+	h.mu.Lock()
+	h.more = true
+	h.read += int64(n)
+	f.port.openRead.Add(int64(n))
+	h.mu.Unlock()
 	return fuse.ReadResultData(dest[:n]), 0
 }

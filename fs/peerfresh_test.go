@@ -3,6 +3,7 @@ package fs_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -130,5 +131,37 @@ func TestPeersWhileMetaDown(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "peers", "9")); !errors.Is(err, syscall.EHOSTDOWN) {
 		t.Fatalf("stat of an unknown peer with the meta service down: %v, want EHOSTDOWN", err)
+	}
+}
+
+// TestPeerRegionCreatedVisibleAtOnce: a name that a lookup under
+// peers/<gid>/mr/ did not find is not remembered by the kernel (no
+// negative entry): once the peer creates the region, the next stat and
+// open of it succeed, without waiting for any timeout.
+func TestPeerRegionCreatedVisibleAtOnce(t *testing.T) {
+	b := newFake(1)
+	b.addPeer(7, 64)
+	dir := mountFake(t, b)
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("late%d", i)
+		path := filepath.Join(dir, "peers", "7", "mr", name)
+		if _, err := os.Stat(path); !errors.Is(err, syscall.ENOENT) {
+			t.Fatalf("stat of %s before the region exists: %v, want ENOENT", name, err)
+		}
+		b.setPeerRegion(7, name, []byte("created"))
+		var st os.FileInfo
+		var err error
+		if i%2 == 0 {
+			st, err = os.Stat(path)
+		} else {
+			var f *os.File
+			if f, err = os.Open(path); err == nil {
+				st, err = f.Stat()
+				f.Close()
+			}
+		}
+		if err != nil || st.Size() != 7 {
+			t.Fatalf("region %s created on the peer right after a failed lookup: %v %v, want it found at once", name, st, err)
+		}
 	}
 }

@@ -98,14 +98,55 @@ print(db.execute("SELECT count(*) FROM t").fetchone()[0])`, db).CombinedOutput()
 }
 
 // mmap: the kernel refuses MAP_SHARED of a direct_io file with ENODEV
-// (the daemon never sees the call); MAP_PRIVATE it allows, and each page
-// is then read from the region when first touched.
+// (the daemon never sees the call; the mount does not ask for
+// FUSE_DIRECT_IO_ALLOW_MMAP), read-only or not; MAP_PRIVATE it allows,
+// and each page is then read from the region when first touched (here:
+// mlock'ed, so never dropped and read again): a later change on the peer
+// is not seen through the mapping, while pread sees it.
 func TestMmapOfPeerFiles(t *testing.T) {
 	f := newFake(1)
 	f.addPeer(2, 8192)
+	f.setPeerRegion(2, "r", make([]byte, 4096))
 	dir := mountFake(t, f)
 	if err := os.WriteFile(filepath.Join(dir, "peers/2/mem"), []byte("peer bytes"), 0); err != nil {
 		t.Fatal(err)
+	}
+	for _, name := range []string{"peers/2/mr/r", "regions/mem"} {
+		file, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := syscall.Mmap(int(file.Fd()), 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED); !errors.Is(err, syscall.ENODEV) {
+			t.Errorf("mmap MAP_SHARED PROT_WRITE %s: %v, want ENODEV", name, err)
+		}
+		file.Close()
+	}
+	file, err := os.Open(filepath.Join(dir, "peers/2/mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	m, err := syscall.Mmap(int(file.Fd()), 0, 4096, syscall.PROT_READ, syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(m)
+	faultIn(t, m)
+	if string(m[:10]) != "peer bytes" {
+		t.Fatalf("MAP_PRIVATE reads %q", m[:10])
+	}
+	f.mu.Lock()
+	peerMem := f.peers[2]["mem"]
+	f.mu.Unlock()
+	peerMem.mu.Lock()
+	copy(peerMem.data, "new  bytes") // the peer writes
+	peerMem.mu.Unlock()
+	if string(m[:10]) != "peer bytes" {
+		t.Errorf("MAP_PRIVATE mapping shows %q after the peer wrote: not the copy read at the first touch", m[:10])
+	}
+	buf := make([]byte, 10)
+	if _, err := file.ReadAt(buf, 0); err != nil || string(buf) != "new  bytes" {
+		t.Errorf("pread after the peer wrote: %q %v", buf, err)
 	}
 	for _, name := range []string{"peers/2/mem", "regions/mem"} {
 		file, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR, 0)
@@ -119,13 +160,28 @@ func TestMmapOfPeerFiles(t *testing.T) {
 		if err != nil {
 			t.Errorf("mmap MAP_PRIVATE %s: %v", name, err)
 		} else {
-			if name == "peers/2/mem" && string(m[:10]) != "peer bytes" {
+			faultIn(t, m)
+			if name == "peers/2/mem" && string(m[:10]) != "new  bytes" { // a new mapping reads the bytes as they are now
 				t.Errorf("MAP_PRIVATE of %s reads %q", name, m[:10])
 			}
 			syscall.Munmap(m)
 		}
 		file.Close()
 	}
+}
+
+// faultIn reads m's pages in and keeps them (mlock) inside a system
+// call. A page fault on a mapping of this process's own FUSE mount, taken
+// by Go code, blocks its thread where the runtime cannot stop it: a
+// garbage collection then waits for it while the FUSE server, stopped by
+// the collection, cannot answer the READ (a deadlock). Locked, the pages
+// are never dropped and read again, so Go code may read them.
+func faultIn(t *testing.T, m []byte) {
+	t.Helper()
+	if err := syscall.Mlock(m); err != nil {
+		t.Fatalf("mlock: %v", err)
+	}
+	t.Cleanup(func() { syscall.Munlock(m) })
 }
 
 // Errnos as Linux tools expect them in regions/: EPERM for link, symlink,

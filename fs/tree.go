@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -19,13 +20,17 @@ type mount struct {
 	b  Backend
 	o  Options
 	io *IOBuffers // registered with b (a BufferRegistrar); nil: none
+	// reply is the FUSE ring entries' payload memory, registered with b
+	// (a MemoryRegistrar) when the transport is io_uring; nil: none.
+	reply atomic.Pointer[[]byte]
 
 	mu    sync.Mutex            // guards ports
 	ports map[uint32]*boundPort // bound through ports/
 
 	dl deadlines // the data path's contexts
 
-	notifier notifier // nil: goFuseNotifier
+	notifier notifier   // nil: goFuseNotifier
+	polls    *portPolls // nil: FUSE_POLL not answered (Options.Poll)
 
 	times timesTable // regions' times
 }
@@ -35,6 +40,44 @@ type mount struct {
 func (m *mount) unmounted() {
 	m.dl.close()
 	m.releaseIO()
+	m.releaseReply()
+}
+
+// registerReply registers the FUSE transport's reply memory b, so that
+// READs land in it (inReply).
+func (m *mount) registerReply(b []byte) error {
+	r, ok := m.b.(MemoryRegistrar)
+	if !ok {
+		return errors.New("the backend cannot register memory")
+	}
+	if err := r.RegisterMemory(b); err != nil {
+		return err
+	}
+	m.reply.Store(&b)
+	return nil
+}
+
+// releaseReply unregisters the reply memory, once no request can use it.
+func (m *mount) releaseReply() {
+	b := m.reply.Swap(nil)
+	if b == nil {
+		return
+	}
+	if err := m.b.(MemoryRegistrar).UnregisterMemory(*b); err != nil {
+		m.logf("unregistering the FUSE ring buffers: %v", err)
+	}
+}
+
+// inReply reports whether dest lies in the registered reply memory: a
+// READ can then land in dest itself.
+func (m *mount) inReply(dest []byte) bool {
+	r := m.reply.Load()
+	if r == nil || len(dest) == 0 || len(*r) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(*r)))
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(dest)))
+	return p >= lo && p+uintptr(len(dest)) <= lo+uintptr(len(*r))
 }
 
 // releaseIO unregisters the I/O buffers, once no request can use them.
@@ -98,6 +141,13 @@ const fixedEntryTimeout = time.Hour
 // (4 of 15 FUSE requests with 4 nodes).
 const peerEntryTimeout = 10 * time.Second
 
+// noNegativeEntry makes a Lookup's ENOENT reach the kernel as an error,
+// which it does not cache (with the mount's NegativeTimeout, go-fuse would
+// turn it into a negative entry kept that long; it does not when the
+// Lookup set an entry timeout of its own, and a kernel that did cache it
+// would keep it for a nanosecond).
+func noNegativeEntry(out *fuse.EntryOut) { out.SetEntryTimeout(time.Nanosecond) }
+
 // lookupFixed answers a LOOKUP of one of dir's fixed children (added in
 // OnAdd) as go-fuse would, with the child's attributes, but with an
 // entry timeout of fixedEntryTimeout. A child whose attributes cannot be
@@ -141,15 +191,14 @@ func (r *root) OnAdd(ctx context.Context) {
 
 // How fresh the files under peers/<gid>/ are. A listing of mr/ reads the
 // peer's region directory again; a name it does not know, an open or a
-// stat uses a copy at most peerFresh old, and a name still unknown is
-// looked up again at most every peerMissRefresh. A read or write that
+// stat uses a copy at most peerFresh old, and a name that copy lacks is
+// looked up in the directory read again (a region created on the peer is
+// found at once; the kernel keeps no negative entry under mr/, see
+// peerMRDir.Lookup). A read or write that
 // fails because the region changed (new rkey, new size, removed) reads
 // the directory again and is retried once. An atomic is retried by the
 // backend, and only when the peer refused it (it did not act).
-const (
-	peerFresh       = time.Second
-	peerMissRefresh = 100 * time.Millisecond
-)
+const peerFresh = time.Second
 
 func freshRegions(ctx context.Context, conn Conn, maxAge time.Duration) ([]Region, error) {
 	if fc, ok := conn.(FreshConn); ok {
@@ -343,21 +392,28 @@ func (d *peerMRDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno)
 }
 
 // Lookup finds a region in a copy of the directory at most peerFresh
-// old; a name that copy lacks is looked up in one at most
-// peerMissRefresh old (a region just created on the peer).
+// old; a name that copy lacks is looked up in the directory read again
+// (a region just created on the peer). A name the peer does not have is
+// ENOENT with no negative entry: the kernel asks again at the next
+// lookup, so a region created on the peer right after a failed lookup is
+// found at once. (Each such lookup costs a FUSE LOOKUP and a directory
+// READ; the names under peers/<gid>/ itself never change and keep the
+// mount's negative entries.)
 func (d *peerMRDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var r Region
 	err := d.withConn(ctx, func(c context.Context, conn Conn) (err error) {
 		r, err = freshRegion(c, conn, name, peerFresh)
-		if errno(err) == syscall.ENOENT {
-			r, err = freshRegion(c, conn, name, peerMissRefresh)
-		} else if staleErr(err) {
+		if errno(err) == syscall.ENOENT || staleErr(err) {
 			r, err = freshRegion(c, conn, name, 0) // as in Readdir
 		}
 		return err
 	})
 	if err != nil {
-		return nil, errno(err)
+		e := errno(err)
+		if e == syscall.ENOENT {
+			noNegativeEntry(out)
+		}
+		return nil, e
 	}
 	f := &remoteFile{m: d.m, gid: d.gid, region: name}
 	f.fill(&out.Attr, r)
@@ -573,22 +629,26 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 			return false
 		}
 		n := min(int64(len(dest)), h.size.Load()-off)
-		// The READ response lands in a block of the registered I/O
-		// buffers, which go-fuse replies from; without a free block, in
-		// dest, the buffer go-fuse would reply from.
-		if buf := f.m.io.get(int(n)); buf != nil {
-			got, err := h.conn.ReadAt(c, f.region, buf, off)
-			if try == 0 && staleErr(err) {
+		// The READ response lands in dest when dest is a FUSE ring
+		// entry's registered payload buffer (io_uring); else in a block
+		// of the registered I/O buffers, which go-fuse replies from;
+		// without a free block, in dest, the buffer go-fuse would reply
+		// from.
+		if !f.m.inReply(dest[:n]) {
+			if buf := f.m.io.get(int(n)); buf != nil {
+				got, err := h.conn.ReadAt(c, f.region, buf, off)
+				if try == 0 && staleErr(err) {
+					f.m.io.Put(buf)
+					return true
+				}
+				if err == nil && got == int(n) {
+					res, e = &poolRead{p: f.m.io, b: buf}, 0
+					return false
+				}
 				f.m.io.Put(buf)
-				return true
-			}
-			if err == nil && got == int(n) {
-				res, e = &poolRead{p: f.m.io, b: buf}, 0
+				res, e = readResult(dest, got, int(n), err)
 				return false
 			}
-			f.m.io.Put(buf)
-			res, e = readResult(dest, got, int(n), err)
-			return false
 		}
 		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
 		if try == 0 && staleErr(err) {

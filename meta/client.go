@@ -58,9 +58,10 @@ type ClientConfig struct {
 	// many nodes start at once, then completes the one handshake).
 	RPCTimeout, ConnectTimeout, FirstConnectTimeout time.Duration
 	// RetryInterval paces reconnection to a server that is down, and is
-	// how often the client checks whether a connection needs a ping.
-	// Consecutive failures double it, up to MaxRetryInterval, with
-	// jitter (reconnect.go).
+	// the grain of the client's maintenance: reconnections and keepalive
+	// pings happen at ticks RetryInterval apart (it sleeps through the
+	// ticks with nothing due). Consecutive failures double it, up to
+	// MaxRetryInterval, with jitter (reconnect.go).
 	RetryInterval, MaxRetryInterval time.Duration
 	// QPTimeout and QPRetryCnt tune the RC QPs; a dead server is noticed
 	// after about QPTimeout*(QPRetryCnt+1) on a READ. Zero QPTimeout is
@@ -201,7 +202,9 @@ type Client struct {
 	knownMu sync.Mutex
 	known   map[uint32]NodeInfo
 
-	tick   *clock.Ticker
+	// kick wakes maintain (capacity 1): a connection died, or an attempt
+	// failed and set a new retryAt.
+	kick   chan struct{}
 	ctx    context.Context // ends at Close; bounds background work
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -235,6 +238,10 @@ type server struct {
 	// handshake is how long the last connection that succeeded took to
 	// make (client clock): what the server could do then.
 	handshake time.Duration
+
+	// spare is kept from an attempt the server rejected, for the next
+	// (dialSpare); Close releases it.
+	spare spareQP
 }
 
 // NewClient makes a client of the meta servers in cfg.Servers on dev. It
@@ -252,7 +259,7 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 		return nil, err
 	}
 	c := &Client{dev: dev, cfg: cfg, clock: cfg.Clock, pd: pd, done: make(chan struct{}),
-		known: make(map[uint32]NodeInfo)}
+		kick: make(chan struct{}, 1), known: make(map[uint32]NodeInfo)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	for _, a := range cfg.Servers {
 		c.servers = append(c.servers, &server{addr: a, dialing: make(chan struct{}, 1)})
@@ -321,9 +328,8 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 		c.Close()
 		return nil, unreachable(errs)
 	}
-	c.tick = clock.NewTicker(c.clock, cfg.RetryInterval)
 	c.wg.Add(1)
-	go c.maintain()
+	go c.maintain(c.clock.Now())
 	return c, nil
 }
 
@@ -333,15 +339,18 @@ func (c *Client) Close() error {
 	c.once.Do(func() {
 		c.cancel()
 		close(c.done)
-		if c.tick != nil {
-			c.tick.Stop()
-		}
 		c.wg.Wait()
 		for _, s := range c.servers {
 			s.mu.Lock()
 			cn := s.cur
 			s.cur = nil
+			spare := s.spare
+			s.spare = spareQP{}
 			s.mu.Unlock()
+			if spare.qp != nil {
+				spare.qp.Destroy()
+				spare.cq.Destroy()
+			}
 			if cn != nil {
 				if cn.ref() {
 					ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
@@ -478,7 +487,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		ctx, cancel = clock.WithTimeout(ctx, c.clock, limit)
 	}
 	defer cancel()
-	cn, err := c.dial(ctx, s.addr, gen)
+	cn, err := c.dialSpare(ctx, s.addr, gen, s)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -487,6 +496,7 @@ func (c *Client) connect(ctx context.Context, s *server, budget bool) (*conn, er
 		s.lastErr, s.lastTry = err, c.clock.Now()
 		s.fails++
 		s.retryAt = s.lastTry.Add(c.retryDelay(s.fails))
+		c.poke()
 		if isBusy(err) {
 			err = fmt.Errorf("%w: %w", ErrBusy, err)
 		}
@@ -523,13 +533,37 @@ func (c *Client) reconnectTimeout(last time.Duration) time.Duration {
 
 // maintain reconnects servers that are down and pings idle connections so
 // that the servers keep them. It runs until Close.
-func (c *Client) maintain() {
+//
+// It looks at the servers at ticks RetryInterval apart from start, but
+// sleeps through the ticks at which nothing can be due: the next is the
+// first tick at or after a down server's retryAt or a live connection's
+// ping time, or the tick after a kick (a connection died, or an attempt
+// failed). An idle node then wakes about once per IdleTimeout/3, not five
+// times a second, with the same reconnections and pings at the same
+// ticks.
+func (c *Client) maintain(start time.Time) {
 	defer c.wg.Done()
+	period := c.cfg.RetryInterval
+	// tickAfter is the first tick after now that is at or after due.
+	tickAfter := func(now, due time.Time) time.Time {
+		if !due.After(now) {
+			due = now.Add(1)
+		}
+		k := (due.Sub(start) + period - 1) / period
+		return start.Add(k * period)
+	}
+	next := start.Add(period)
 	for {
+		ch, stop := clock.After(c.clock, next.Sub(c.clock.Now()))
 		select {
 		case <-c.done:
+			stop()
 			return
-		case <-c.tick.C:
+		case <-c.kick:
+			stop()
+			next = tickAfter(c.clock.Now(), c.nextDue())
+			continue
+		case <-ch:
 		}
 		ctx := c.ctx
 		now := c.clock.Now()
@@ -552,6 +586,42 @@ func (c *Client) maintain() {
 			}
 			cn.unref()
 		}
+		// A kick that came while this went over the servers is seen.
+		select {
+		case <-c.kick:
+		default:
+		}
+		next = tickAfter(c.clock.Now(), c.nextDue())
+	}
+}
+
+// nextDue returns when maintain next has something to do: the earliest
+// retryAt of a down server (the zero time if it never failed: at once)
+// and ping time of a live connection.
+func (c *Client) nextDue() time.Time {
+	var due time.Time
+	for i, s := range c.servers {
+		var at time.Time
+		if cn := s.live(); cn != nil {
+			at = time.Unix(0, cn.lastTx.Load()+int64(cn.boot.IdleTimeout/3))
+			cn.unref()
+		} else {
+			s.mu.Lock()
+			at = s.retryAt
+			s.mu.Unlock()
+		}
+		if i == 0 || at.Before(due) {
+			due = at
+		}
+	}
+	return due
+}
+
+// poke wakes maintain to look at when it is next due.
+func (c *Client) poke() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
 	}
 }
 

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -117,16 +118,44 @@ func reqID(slot int, seq uint32) uint32 {
 // dial connects to the meta server at addr and returns a live conn with
 // the caller's reference (users 1).
 func (c *Client) dial(ctx context.Context, addr netip.AddrPort, gen uint64) (*conn, error) {
+	return c.dialSpare(ctx, addr, gen, nil)
+}
+
+// spareQP is a QP and CQ kept from a connection attempt that the server
+// rejected, for the next attempt to the same server.
+type spareQP struct {
+	qp verbs.QP
+	cq verbs.CQ
+}
+
+// dialSpare is dial, keeping the QP and CQ of an attempt that the server
+// rejected (busy, as in a start storm) for the next one, and using the
+// one kept: the server made nothing for the request, and
+// the QP is back in RESET with nothing posted. A node backing off from a
+// busy service then does not make and drop a QP and CQ per attempt (most
+// of what a 10,000-node storm allocated). s, if not nil, is the server
+// record whose spare (guarded by its mu) is used and kept.
+func (c *Client) dialSpare(ctx context.Context, addr netip.AddrPort, gen uint64, s *server) (*conn, error) {
 	cfg := &c.cfg
-	cq, err := c.dev.CreateCQ(2*cfg.Depth + 2*(cfg.Depth+16) + 64)
-	if err != nil {
-		return nil, err
+	var qp verbs.QP
+	var cq verbs.CQ
+	if s != nil {
+		s.mu.Lock()
+		qp, cq = s.spare.qp, s.spare.cq
+		s.spare = spareQP{}
+		s.mu.Unlock()
 	}
-	qp, err := c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq,
-		Caps: verbs.QPCaps{MaxSendWR: 2*cfg.Depth + 8, MaxRecvWR: cfg.Depth + 16, MaxInline: MaxMessage}})
-	if err != nil {
-		cq.Destroy()
-		return nil, err
+	if qp == nil {
+		var err error
+		if cq, err = c.dev.CreateCQ(2*cfg.Depth + 2*(cfg.Depth+16) + 64); err != nil {
+			return nil, err
+		}
+		qp, err = c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: cq, RecvCQ: cq,
+			Caps: verbs.QPCaps{MaxSendWR: 2*cfg.Depth + 8, MaxRecvWR: cfg.Depth + 16, MaxInline: MaxMessage}})
+		if err != nil {
+			cq.Destroy()
+			return nil, err
+		}
 	}
 	fail := func(err error) (*conn, error) {
 		qp.Destroy()
@@ -136,6 +165,18 @@ func (c *Client) dial(ctx context.Context, addr netip.AddrPort, gen uint64) (*co
 	priv, err := c.dev.ConnectRC(ctx, qp, addr, cfg.Service, verbs.ConnParams{
 		Timeout: cfg.QPTimeout, RetryCnt: cfg.QPRetryCnt, Private: bootRequest()})
 	if err != nil {
+		if s != nil && errors.Is(err, verbs.ErrCMRejected) && qp.State() == verbs.StateReset {
+			s.mu.Lock()
+			// Close takes the spares after it marks the client closed.
+			keep := s.spare.qp == nil && !c.closed()
+			if keep {
+				s.spare = spareQP{qp, cq}
+			}
+			s.mu.Unlock()
+			if keep {
+				return nil, err
+			}
+		}
 		return fail(err)
 	}
 	boot, err := parseBootstrap(priv)
@@ -318,6 +359,7 @@ func (cn *conn) kill() {
 	// any landing area.
 	_ = cn.qp.Modify(verbs.QPAttr{State: verbs.StateErr})
 	close(cn.deadCh)
+	cn.cl.poke() // its server is down: maintain reconnects at its next tick
 }
 
 // acquire takes an op slot and arms it as kind. The caller holds a

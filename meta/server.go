@@ -236,6 +236,7 @@ type Server struct {
 	// Loop state, owned by the loop goroutine.
 	backlog  []writeBatch
 	inflight map[uint64]writeBatch // posted groups, by the signaled WR's ID
+	queued   int                   // the WRITEs of backlog and inflight
 	// loopBroken is set when the loopback QP pair failed; repairLoopLocked
 	// re-creates it before the next flush.
 	loopBroken bool

@@ -182,6 +182,7 @@ func (s *Server) queueWrites(wb *writeBatch) {
 		s.replies = append(s.replies, wb.replies...)
 	} else {
 		s.backlog = append(s.backlog, splitGroup(*wb, writeGroup)...)
+		s.queued += len(wb.wrs)
 	}
 	*wb = writeBatch{}
 }
@@ -239,6 +240,7 @@ func (s *Server) onTableWritten(wc *verbs.WC) {
 		return
 	}
 	delete(s.inflight, wc.ID)
+	s.queued -= len(g.wrs)
 	s.replies = append(s.replies, g.replies...)
 }
 
@@ -280,7 +282,7 @@ func (s *Server) repairLoopLocked() {
 		delete(s.inflight, id)
 	}
 	groups = append(groups, s.backlog...)
-	s.backlog = nil
+	s.backlog, s.queued = nil, 0
 	var replies []outReply
 	seen := make(map[int]bool)
 	var wb writeBatch

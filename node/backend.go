@@ -28,6 +28,7 @@ import (
 var (
 	_ fs.Backend         = (*Node)(nil)
 	_ fs.BufferRegistrar = (*Node)(nil)
+	_ fs.MemoryRegistrar = (*Node)(nil)
 	_ fs.FreshConn       = (*vqpConn)(nil)
 	_ fs.SizeConn        = (*vqpConn)(nil)
 )
@@ -43,6 +44,44 @@ func (b *Node) RegisterIOBuffers(p *fs.IOBuffers) error {
 	}
 	b.ioBufs.Store(p)
 	return nil
+}
+
+// RegisterMemory registers memory the filesystem's transport owns (the
+// FUSE ring entries' payload buffers) with qpcore for good, so that
+// READs land in it and WRITEs leave from it with no copy.
+func (b *Node) RegisterMemory(m []byte) error {
+	b.ioMu.Lock()
+	defer b.ioMu.Unlock()
+	if err := b.core.Register(m); err != nil {
+		return err
+	}
+	b.ioMem = append(b.ioMem, m)
+	return nil
+}
+
+// UnregisterMemory undoes RegisterMemory. Memory the node already let
+// go of (it closed first, as at unmount) is no error.
+func (b *Node) UnregisterMemory(m []byte) error { return b.releaseMemory(m) }
+
+// releaseMemory unregisters m (all RegisterMemory's memory, for a nil m)
+// if still registered.
+func (b *Node) releaseMemory(m []byte) error {
+	b.ioMu.Lock()
+	defer b.ioMu.Unlock()
+	var first error
+	kept := b.ioMem[:0]
+	for _, r := range b.ioMem {
+		if m != nil && unsafe.SliceData(r) != unsafe.SliceData(m) {
+			kept = append(kept, r)
+			continue
+		}
+		if err := b.core.Unregister(r); err != nil && first == nil {
+			first = err
+		}
+	}
+	clear(b.ioMem[len(kept):])
+	b.ioMem = kept
+	return first
 }
 
 // UnregisterIOBuffers undoes RegisterIOBuffers. Buffers the node already
@@ -633,6 +672,16 @@ func (a *portAdapter) TryRecv(ctx context.Context, buf []byte) (int, error) {
 }
 
 func (a *portAdapter) Close() error { return a.p.Close() }
+
+var _ fs.StreamPort = (*portAdapter)(nil)
+
+// Unrecv gives a message back to the port; the filesystem does not carry
+// the sender's gid, so the message comes back as from gid 0.
+func (a *portAdapter) Unrecv(msg []byte) { a.p.Unrecv(0, msg) }
+
+func (a *portAdapter) QueuedBytes() int64 { return a.p.QueuedBytes() }
+
+func (a *portAdapter) OnQueue(f func()) { a.p.OnQueue(f) }
 
 var _ fs.CapacityReporter = (*Node)(nil)
 

@@ -22,6 +22,8 @@ var (
 	mFuseRing      = desc("fuse_ring_entries", "FUSE over io_uring: queues (one per possible CPU) and entries per queue.", gauge, "what")
 	mFuseRequests  = desc("fuse_requests_total", "FUSE requests served, by path: dev (/dev/fuse), ring (io_uring, on the ring's thread) and ring_async (io_uring, off it: requests that may block).", counter, "path")
 	mFuseCopies    = desc("fuse_fallback_copies_total", "READ replies whose data did not land in the reply buffer and was copied into it.", counter)
+	mFuseRereg     = desc("fuse_ring_reregistered_total", "FUSE ring entries the kernel refused a command of while mounted, registered again.", counter)
+	mFuseStalls    = desc("fuse_stalls_total", "Times the kernel held FUSE requests for 30 s while the daemon had none in service and served none.", counter)
 )
 
 // collectFuse emits the FUSE metrics (zero before a mount: Describe
@@ -43,4 +45,6 @@ func (b *Node) collectFuse(emit func(metricDesc, float64, ...string)) {
 	emit(mFuseRequests, float64(s.RingRequests-min(s.RingAsync, s.RingRequests)), "ring")
 	emit(mFuseRequests, float64(s.RingAsync), "ring_async")
 	emit(mFuseCopies, float64(s.FallbackCopies))
+	emit(mFuseRereg, float64(s.RingReregistered))
+	emit(mFuseStalls, float64(s.Stalls))
 }

@@ -35,7 +35,7 @@ func TestFuseStatsInStatsAndMetrics(t *testing.T) {
 	}
 
 	d.SetFuseStats(func() fs.FuseStats {
-		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2, FallbackCopies: 1}
+		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2, FallbackCopies: 1, RingReregistered: 4, Stalls: 1}
 	})
 	m := scrape(t, url)
 	for k, want := range map[string]float64{
@@ -47,6 +47,8 @@ func TestFuseStatsInStatsAndMetrics(t *testing.T) {
 		`krfs_fuse_requests_total{path="ring"}`:            38,
 		`krfs_fuse_requests_total{path="ring_async"}`:      2,
 		`krfs_fuse_fallback_copies_total`:                  1,
+		`krfs_fuse_ring_reregistered_total`:                4,
+		`krfs_fuse_stalls_total`:                           1,
 	} {
 		if m[k] != want {
 			t.Errorf("%s = %v, want %v", k, m[k], want)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -105,6 +106,22 @@ type meteredRegistrar struct {
 func (b *meteredRegistrar) RegisterIOBuffers(p *fs.IOBuffers) error { return b.r.RegisterIOBuffers(p) }
 func (b *meteredRegistrar) UnregisterIOBuffers(p *fs.IOBuffers) error {
 	return b.r.UnregisterIOBuffers(p)
+}
+
+func (b *meteredRegistrar) RegisterMemory(m []byte) error {
+	r, ok := b.r.(fs.MemoryRegistrar)
+	if !ok {
+		return errors.New("the backend cannot register memory")
+	}
+	return r.RegisterMemory(m)
+}
+
+func (b *meteredRegistrar) UnregisterMemory(m []byte) error {
+	r, ok := b.r.(fs.MemoryRegistrar)
+	if !ok {
+		return errors.New("the backend cannot register memory")
+	}
+	return r.UnregisterMemory(m)
 }
 
 type meteredConn struct {

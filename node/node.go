@@ -126,6 +126,9 @@ type Node struct {
 	// (stats) only Load.
 	ioMu   sync.Mutex
 	ioBufs atomic.Pointer[fs.IOBuffers]
+	// ioMem is the memory registered with RegisterMemory (the FUSE ring
+	// entries' payload buffers), under ioMu and with the same rule.
+	ioMem [][]byte
 	// fuseStats reports the mount's FUSE transport (SetFuseStats).
 	fuseStats atomic.Pointer[func() fs.FuseStats]
 
@@ -148,6 +151,10 @@ func ParseMeta(s string) ([]netip.AddrPort, error) {
 	}
 	return out, nil
 }
+
+// afterRegister, if set (by a test), runs in Start once the node has
+// registered with the meta service.
+var afterRegister func()
 
 // Start starts a node as cfg says; see the package doc for the sequence.
 // ctx bounds the start (with cfg.StartTimeout).
@@ -201,8 +208,32 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 	if cfg.NoRegister {
 		return n, nil
 	}
-	// Register first when the gid is assigned: the region store is named
-	// after it.
+	// The region store's directory is named after the gid (unless
+	// ShmDir names it). When the gid is known before registering (--gid,
+	// or the gid a store remembers), the store is opened and its regions
+	// exported again first: the new incarnation the meta service
+	// publishes then has its whole directory, and a peer that looks the
+	// node up again the moment it registered (its operations on the old
+	// incarnation were refused) finds every region. Registered first, the
+	// directory would be empty until the regions were exported again, and
+	// such a peer would get ENOENT for them.
+	storeDir := func(gid uint32) string {
+		if cfg.ShmDir != "" {
+			return cfg.ShmDir
+		}
+		dir := shm.DefaultDir(gid)
+		if n.srv != nil {
+			dir = fmt.Sprintf("%s-%d", dir, dev.Addr().Port())
+		}
+		return dir
+	}
+	early := ""
+	if cfg.MemSize != 0 && (cfg.ShmDir != "" || cfg.QPCore.GID != 0) {
+		early = storeDir(cfg.QPCore.GID)
+		if err := n.startStore(early, cfg.MemSize); err != nil {
+			return nil, err
+		}
+	}
 	err = n.untilAnswered(ctx, "registration", func() (err error) {
 		n.agent, err = n.meta.Register(ctx, n.core.Info(), meta.AgentConfig{})
 		return err
@@ -220,28 +251,30 @@ func Start(ctx context.Context, cfg Config, log logrus.FieldLogger) (_ *Node, er
 		})
 	}
 	if err != nil {
+		if early != "" {
+			n.dropStore(true)
+		}
 		return nil, fmt.Errorf("registering with the meta service: %w", err)
 	}
 	gid := n.agent.Info().GID
 	n.core.SetGID(gid)
+	if afterRegister != nil {
+		afterRegister()
+	}
 	if cfg.MemSize == 0 {
 		return n, nil
 	}
-	dir := cfg.ShmDir
-	if dir == "" {
-		dir = shm.DefaultDir(gid)
-		if n.srv != nil {
-			dir = fmt.Sprintf("%s-%d", dir, dev.Addr().Port())
-		}
+	dir := storeDir(gid)
+	if early != "" && dir != early {
+		// Another gid than the store's: its regions are not this node's
+		// (the store is kept for its gid, see krfs purge --list).
+		n.dropStore(false)
+		early = ""
 	}
-	if err := n.openStore(dir, cfg.MemSize); err != nil {
-		if n.store != nil {
-			// A failed start leaves nothing behind: the directory it
-			// made goes with the regions in it.
-			_ = n.store.Discard()
-			n.store = nil
+	if early == "" {
+		if err := n.startStore(dir, cfg.MemSize); err != nil {
+			return nil, err
 		}
-		return nil, err
 	}
 	if err := n.store.SaveIdentity(shm.Identity{GID: gid, Listen: dev.Addr().String(), Key: cfg.NodeKey}); err != nil {
 		n.log.Warnf("recording the node's identity in %s: %v", dir, err)
@@ -264,6 +297,35 @@ func withMsgTimeout(c qpcore.Config) qpcore.Config {
 		}
 	}
 	return c
+}
+
+// startStore is openStore for Start: a store that fails to open leaves
+// nothing behind (the directory it made goes with the regions in it).
+func (n *Node) startStore(dir string, mem int64) error {
+	if err := n.openStore(dir, mem); err != nil {
+		if n.store != nil {
+			n.dropStore(true)
+		}
+		return err
+	}
+	return nil
+}
+
+// dropStore unexports the regions of the store opened by startStore and
+// closes it (discard: removes the directory too if this start made it).
+func (n *Node) dropStore(discard bool) {
+	if n.store == nil {
+		return
+	}
+	for _, r := range n.core.Regions() {
+		_ = n.core.Unexport(r.Name)
+	}
+	if discard {
+		_ = n.store.Discard()
+	} else {
+		n.store.Close()
+	}
+	n.store = nil
 }
 
 // openStore opens the region store, exports again the regions an earlier
@@ -352,6 +414,7 @@ func (n *Node) CloseAndDiscard() error {
 
 func (n *Node) close(discard bool) error {
 	n.releaseIOBuffers(nil)
+	n.releaseMemory(nil)
 	if n.agent != nil {
 		if err := n.agent.Close(); err != nil {
 			n.log.Debugf("deregister: %v", err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/krfs/krfs/qpcore"
+	"github.com/krfs/krfs/verbs"
 )
 
 // restart replaces node gid by a new one (new device, DCT, keys, rkeys,
@@ -222,4 +223,41 @@ func TestStaleDCKey(t *testing.T) {
 		t.Fatalf("took %v of clock time", d)
 	}
 	t.Logf("wrong key for good: %v after %v of clock time", err, d)
+}
+
+// The first directory READ after a peer restarted (its old DC key is
+// refused, the peer is looked up again) is retried against the new
+// incarnation's directory, not the old directory's rkey: a region other
+// than mem is found at once.
+func TestRestartDirectoryReadRetried(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{PeerTimeout: 300 * time.Millisecond})
+	b := c.add(2, 1<<20, peerCfg)
+	if _, err := b.n.Export("r", verbs.PageAligned(64), fullAccess); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 20*time.Second)
+	v := mustConnect(t, a.n, 2)
+	if _, err := v.FreshRegion(ctx, "r", 0); err != nil {
+		t.Fatal(err)
+	}
+	nb := c.restart(2, b.addr, nil, peerCfg)
+	if _, err := nb.n.Export("r", verbs.PageAligned(64), fullAccess); err != nil {
+		t.Fatal(err)
+	}
+	c.clk.Advance(time.Millisecond) // the cached directory is older than 0
+	before := a.n.Stats()
+	_, err := c.drive(10*time.Millisecond, 10*time.Second, func() error {
+		_, err := v.FreshRegion(ctx, "r", 0)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("first directory read after the restart: %v", err)
+	}
+	s := a.n.Stats()
+	t.Logf("relookups %d stale retries %d dir reads %d remote errors %d", s.Relookups-before.Relookups, s.StaleRetries-before.StaleRetries, s.DirReads-before.DirReads, s.RemoteErrors-before.RemoteErrors)
+	if d := s.DirReads - before.DirReads; d > 2 {
+		t.Errorf("%d directory READs for one look after a restart, want at most 2 (the refused one and its retry)", d)
+	}
 }

@@ -264,6 +264,17 @@ func (n *Node) relookup(p *peer) {
 	stalled := p.pause.end()
 	var again []*op
 	for _, o := range stalled {
+		if o.dir && retry && o.retries == 0 && o.rkey != p.info.DirRKey {
+			// The directory READ goes to the directory of the
+			// incarnation just found, when it has the same size (else
+			// it fails, ErrStale, and the next look reads again).
+			if uint32(len(o.local)) == p.info.DirLen {
+				o.rkey = p.info.DirRKey
+			} else {
+				n.finishLocked(p, o, fmt.Errorf("%w: gid %d: its directory changed size", ErrStale, p.gid), e)
+				continue
+			}
+		}
 		switch {
 		case retry && o.retries == 0:
 			o.retries++

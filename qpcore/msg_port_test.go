@@ -259,3 +259,67 @@ func TestReceiveBuffersGrowAtFirstBind(t *testing.T) {
 	bind(8) // a second port adds none
 	noQPErrors(t, a.n, b.n)
 }
+
+// A message given back with Unrecv is the port's next message, counted
+// in QueuedBytes, and wakes a reader already waiting; OnQueue's function
+// is called for it as for a message received.
+func TestUnrecvPutsTheMessageBackFirst(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t)
+	a := c.add(1, 0, qpcore.Config{})
+	b := c.add(2, 0, qpcore.Config{})
+	ctx := ctxT(t, 20*time.Second)
+	port, err := a.n.Bind(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer port.Close()
+	for _, m := range []string{"one", "two!"} {
+		if err := b.n.Send(ctx, 1, 3, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 64)
+	m, err := port.Recv(ctx, buf)
+	if err != nil || string(buf[:m.Len]) != "one" {
+		t.Fatalf("Recv: %q %v", buf[:m.Len], err)
+	}
+	queued := make(chan struct{}, 4)
+	port.OnQueue(func() { queued <- struct{}{} })
+	port.Unrecv(m.From, buf[:m.Len])
+	<-queued     // OnQueue tells of a message given back
+	buf[0] = 'X' // Unrecv kept its own copy
+	if q, qb := port.Queued(), port.QueuedBytes(); q != 2 || qb != 7 {
+		t.Fatalf("after Unrecv: %d messages, %d bytes queued, want 2, 7", q, qb)
+	}
+	for _, want := range []string{"one", "two!"} {
+		m, err := port.Recv(ctx, buf)
+		if err != nil || string(buf[:m.Len]) != want {
+			t.Fatalf("Recv: %q %v, want %q", buf[:m.Len], err, want)
+		}
+	}
+	// A reader waiting on the empty port gets a message given back.
+	got := make(chan string, 1)
+	go func() {
+		b := make([]byte, 64)
+		m, err := port.Recv(ctx, b)
+		got <- fmt.Sprintf("%s %v", b[:m.Len], err)
+	}()
+	port.Unrecv(2, []byte("again"))
+	if g := <-got; g != "again <nil>" {
+		t.Fatalf("waiting reader: %q", g)
+	}
+	<-queued
+	// and of a message received.
+	if err := b.n.Send(ctx, 1, 3, []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	<-queued
+	port.OnQueue(nil)
+	if m, err := port.Recv(ctx, buf); err != nil || string(buf[:m.Len]) != "new" {
+		t.Fatalf("Recv: %q %v", buf[:m.Len], err)
+	}
+	if qb := port.QueuedBytes(); qb != 0 {
+		t.Fatalf("%d bytes queued at the end", qb)
+	}
+}

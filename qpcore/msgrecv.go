@@ -71,7 +71,7 @@ func (n *Node) onRecv(wc *verbs.WC) {
 		default:
 			pt.q = append(pt.q, im)
 			pt.mu.Unlock()
-			pt.wake()
+			pt.queued()
 			if h.kind == msgData && h.token != 0 {
 				n.goSafe(func() { n.sendFIN(h.src, h.token, finOK) })
 			}

@@ -146,6 +146,7 @@ type op struct {
 	p    *peer
 	code OpCode
 	sys  bool // internal: needs no region directory
+	dir  bool // the READ of the peer's region directory (rkey: the DirRKey it was posted with)
 
 	local  []byte
 	mem    *memEntry

@@ -222,7 +222,7 @@ func (n *Node) fetchDirLocked(p *peer) {
 	}
 	p.dir.fetching = true
 	o := newOp()
-	o.v, o.p, o.code, o.sys = p.sys, p, opRawRead, true
+	o.v, o.p, o.code, o.sys, o.dir = p.sys, p, opRawRead, true, true
 	o.local, o.lmr, o.tmp, o.rkey = buf, mr, true, p.info.DirRKey
 	o.onDone = n.dirFetched
 	n.ops.add(o)

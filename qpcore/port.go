@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Ports: binding, the queue of messages waiting on a port, and Recv,
@@ -29,6 +30,7 @@ type inMsg struct {
 	raddr uint64 // where the READ of a rendezvous message starts
 	token uint64
 	st    *stage // a large message pulled ahead of its reader
+	back  []byte // a message a reader gave back (Unrecv)
 }
 
 // Port is a bound receive port.
@@ -40,6 +42,7 @@ type Port struct {
 	q      []inMsg
 	closed bool
 	notify chan struct{}
+	onMsg  atomic.Pointer[func()] // see OnQueue
 }
 
 // Bind opens receive port num.
@@ -76,6 +79,25 @@ func (n *Node) Ports() []uint32 {
 
 // Num is the port number.
 func (pt *Port) Num() uint32 { return pt.num }
+
+// OnQueue sets f to be called, with no lock held, each time a message is
+// queued on the port (received, or given back with Unrecv); nil stops
+// the calls. f must not block: it runs on the node's receive path.
+func (pt *Port) OnQueue(f func()) {
+	if f == nil {
+		pt.onMsg.Store(nil)
+		return
+	}
+	pt.onMsg.Store(&f)
+}
+
+// queued wakes a waiting reader and calls the OnQueue function.
+func (pt *Port) queued() {
+	pt.wake()
+	if f := pt.onMsg.Load(); f != nil {
+		(*f)()
+	}
+}
 
 func (pt *Port) wake() {
 	select {
@@ -115,6 +137,10 @@ func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, erro
 			if more {
 				pt.wake()
 			}
+			if im.back != nil {
+				copy(dst, im.back)
+				return Message{From: im.from, Len: im.n}, nil
+			}
 			if im.st != nil {
 				select {
 				case <-im.st.done:
@@ -144,7 +170,10 @@ func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, erro
 				n.stats.msgRecv.Add(1)
 				return Message{From: im.from, Len: im.n}, nil
 			}
-			err := n.pull(ctx, &im, dst[:im.n])
+			// The pull is not cut short by ctx: the message has left the
+			// queue, and a reader that gives up now gets it anyway and
+			// can give it back (Unrecv). A pull ends within PeerTimeout.
+			err := n.pull(context.WithoutCancel(ctx), &im, dst[:im.n])
 			if withdrawn(err) {
 				// The sender timed out and deregistered its buffer:
 				// that message is lost to it (its Send failed), not to
@@ -168,6 +197,35 @@ func (pt *Port) recv(ctx context.Context, dst []byte, block bool) (Message, erro
 			return Message{}, ctx.Err()
 		}
 	}
+}
+
+// Unrecv puts back a message Recv returned, as the next message of the
+// port, for a reader that could not hand it on (its caller was
+// interrupted before the message reached it). It keeps its own copy of
+// data; the port's depth does not limit it (the message held a place in
+// the queue already). On a closed port the message is dropped.
+func (pt *Port) Unrecv(from uint32, data []byte) {
+	im := inMsg{kind: msgData, from: from, n: len(data), buf: -1, back: append(make([]byte, 0, len(data)), data...)}
+	pt.mu.Lock()
+	if pt.closed {
+		pt.mu.Unlock()
+		pt.n.stats.msgDropped.Add(1)
+		return
+	}
+	pt.q = append([]inMsg{im}, pt.q...)
+	pt.mu.Unlock()
+	pt.queued()
+}
+
+// QueuedBytes is the number of payload bytes waiting on the port.
+func (pt *Port) QueuedBytes() int64 {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	var b int64
+	for _, im := range pt.q {
+		b += int64(im.n)
+	}
+	return b
 }
 
 // Close unbinds the port; queued messages are dropped (rendezvous senders
@@ -204,6 +262,9 @@ func (pt *Port) Queued() int {
 
 func (n *Node) dropMsg(im *inMsg) {
 	n.stats.msgDropped.Add(1)
+	if im.back != nil {
+		return
+	}
 	if im.kind == msgData {
 		n.msg.repost(im.buf)
 		return

@@ -259,7 +259,7 @@ veth_rows() {
 	# bench's cluster mounts with --fuse-transport auto (FUSE over io_uring
 	# when the kernel offers it). Its 8 B pread against the raw round trip,
 	# then a second daemon on host 1 mounted with --fuse-transport dev
-	# (go-fuse's /dev/fuse loop, krfs mount's default) for the same rows,
+	# (go-fuse's /dev/fuse loop) for the same rows,
 	# right after, on the same veth.
 	KB_PREFIX=$h1 kb veth_fuse_read_lat8_udp read_lat -s 8 -n $VLAT_FUSE_N --baseline-echo "$udp" "${cfile[@]}"
 	local dmnt=$MNT/h1dev dpid ok=

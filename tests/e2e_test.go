@@ -284,6 +284,8 @@ print("ok")`, h1+"/stats", h1+"/peers/2/mem")
 fd = os.open(%q, os.O_RDONLY)
 m = os.read(fd, 2<<20)
 assert m == b%q, m[:64]
+m = os.read(fd, 2<<20)
+assert m == b"", m[:64]  # end of the messages queued: the next read waits
 big = open(%q, "rb").read()
 print("reading", flush=True)
 m = os.read(fd, 2<<20)
@@ -330,6 +332,79 @@ print("ok")`, h3+"/ports/9", small, c.dir+"/msg")
 		}
 		if out := <-reader; !strings.Contains(out, "ok") {
 			t.Fatalf("port reader: %s", out)
+		}
+	})
+
+	t.Run("tail -f follows a port, a killed reader loses nothing", func(t *testing.T) {
+		port := h3 + "/ports/11"
+		c.mustSh(t, "touch "+port)
+		defer c.sh(hangGuard, "rm -f "+port)
+		send := func(msgs ...string) {
+			t.Helper()
+			for _, m := range msgs {
+				c.mustSh(t, fmt.Sprintf("printf '%%s\\n' %s > %s/peers/3/ports/11", m, h1))
+			}
+		}
+		// A reader killed while it waits takes nothing with it.
+		rd := exec.Command("dd", "if="+port, "bs=64k", "count=1", "status=none")
+		if err := rd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c.mustSh(t, fmt.Sprintf("while ! grep -q '^0 ' /proc/%d/syscall; do sleep 0.01; done", rd.Process.Pid))
+		_ = rd.Process.Kill()
+		_ = rd.Wait()
+		send("a1", "a2")
+		if out := strings.TrimSpace(c.mustSh(t, "stat -c %s "+port)); out != "6" {
+			t.Fatalf("st_size with 6 bytes queued: %s", out)
+		}
+		tail := exec.Command("tail", "-f", "-s", "0.1", port)
+		stdout, err := tail.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tail.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tail.Process.Kill(); _ = tail.Wait() }()
+		lines := make(chan string, 100)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		expect := func(want string) {
+			t.Helper()
+			select {
+			case l := <-lines:
+				if l != want {
+					t.Fatalf("tail printed %q, want %q", l, want)
+				}
+			case <-time.After(hangGuard):
+				t.Fatalf("tail printed nothing, want %q", want)
+			}
+		}
+		expect("a1")
+		expect("a2")
+		for _, m := range []string{"b1", "b2", "b3"} {
+			send(m)
+			expect(m)
+		}
+		_ = tail.Process.Kill()
+		_ = tail.Wait()
+		send("c1", "c2")
+		py := fmt.Sprintf(`import os
+fd = os.open(%q, os.O_RDONLY | os.O_NONBLOCK)
+got = []
+while True:
+    try:
+        got.append(os.read(fd, 100).decode())
+    except BlockingIOError:
+        break
+print(repr(got))`, port)
+		if out := strings.TrimSpace(c.mustSh(t, "python3 -c '"+py+"'")); out != `['c1\n', 'c2\n']` {
+			t.Fatalf("after tail was killed the port holds %s, want c1 and c2", out)
 		}
 	})
 

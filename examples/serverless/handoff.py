@@ -119,6 +119,16 @@ def obj_of(a):
     return os.urandom(a.size)
 
 
+def recv(fd, buf):
+    """Read one message from a port into buf: a 0 means that the messages
+    queued were read (an end of file for tools such as cat and tail), and
+    the next read waits for a message."""
+    while True:
+        n = os.readv(fd, [buf])
+        if n:
+            return n
+
+
 def with_timeout(seconds):
     def on_alarm(sig, frm):
         raise HandoffError("timed out after %d s" % seconds)
@@ -336,7 +346,7 @@ def cmd_recv(a):
         have = 0
         try:
             while mine is None or have < mine:
-                n = os.readv(fd, [buf])
+                n = recv(fd, buf)
                 if done.is_set():
                     return
                 if n < HDR.size:
@@ -480,7 +490,8 @@ def cmd_send(a):
         t_sent = time.time_ns()
         if errs:
             raise errs[0]
-        ack = os.read(rfd, ACK_BUF)
+        abuf = bytearray(ACK_BUF)
+        ack = bytes(abuf[:recv(rfd, abuf)])
         if region:
             os.unlink(region)
             region = None

@@ -39,6 +39,7 @@ const (
 	opInterrupt     = 36
 	opDestroy       = 38
 	opIoctl         = 39
+	opPoll          = 40
 	opBatchForget   = 42
 	opFallocate     = 43
 	opReaddirplus   = 44
@@ -77,6 +78,7 @@ func init() {
 		opAccess: fuse.AccessIn{}, opCreate: fuse.CreateIn{}, opInterrupt: fuse.InterruptIn{},
 		opIoctl: fuse.IoctlIn{}, opBatchForget: batchForgetIn{}, opFallocate: fuse.FallocateIn{},
 		opReaddirplus: fuse.ReadIn{}, opLseek: fuse.LseekIn{}, opCopyFileRange: fuse.CopyFileRangeIn{},
+		opPoll: pollIn{},
 	} {
 		argSize[op] = in(v)
 	}
@@ -310,9 +312,52 @@ func dispatch(fs fuse.RawFileSystem, r *request, c counters) (n int, st fuse.Sta
 		out := (*fuse.WriteOut)(r.outStruct(int(unsafe.Sizeof(fuse.WriteOut{}))))
 		out.Size = written
 		return int(unsafe.Sizeof(*out)), st, false
+	case opPoll:
+		if p, ok := fs.(Poller); ok {
+			out := (*PollOut)(r.outStruct(int(unsafe.Sizeof(PollOut{}))))
+			return int(unsafe.Sizeof(*out)), p.Poll(r.cancel, r.header(), &(*pollIn)(r.arg()).PollIn, out), false
+		}
 	}
 	// Extended attributes (krfs has none), locks (not negotiated), POLL
-	// (files are always ready), STATX, TMPFILE, BMAP and anything newer:
-	// the kernel remembers ENOSYS and stops asking.
+	// (unless fs is a Poller: files are always ready), STATX, TMPFILE,
+	// BMAP and anything newer: the kernel remembers ENOSYS and stops
+	// asking.
 	return 0, fuse.ENOSYS, false
+}
+
+// Poller is a file system that answers FUSE_POLL: dispatch calls Poll
+// when the file system given to Mount implements it, and Mount then does
+// not make the kernel stop asking (see pollhack.go). Every file of the
+// mount is then polled through the file system, so a process that opens
+// files of a mount it serves itself risks the deadlock pollhack.go
+// describes; krfs's daemon opens none.
+type Poller interface {
+	// Poll fills out.Revents with the events of in.Events that are ready
+	// on file handle in.Fh; with PollScheduleNotify in in.Flags, it
+	// must later send Notifier.PollWakeup(in.Kh) once the file may have
+	// become ready.
+	Poll(cancel <-chan struct{}, h *fuse.InHeader, in *PollIn, out *PollOut) fuse.Status
+}
+
+// PollScheduleNotify in PollIn.Flags asks for a wake-up.
+const PollScheduleNotify = 1
+
+// PollIn is struct fuse_poll_in.
+type PollIn struct {
+	Fh     uint64
+	Kh     uint64
+	Flags  uint32
+	Events uint32
+}
+
+// pollIn is a POLL request's header and argument.
+type pollIn struct {
+	fuse.InHeader
+	PollIn
+}
+
+// PollOut is struct fuse_poll_out.
+type PollOut struct {
+	Revents uint32
+	Padding uint32
 }

@@ -26,6 +26,7 @@ func NewNotifier() *Notifier {
 
 // Notification codes (enum fuse_notify_code).
 const (
+	notifyPoll       = 1
 	notifyInvalInode = 2
 	notifyInvalEntry = 3
 	notifyDelete     = 6
@@ -84,6 +85,14 @@ func (n *Notifier) InodeNotify(node uint64, off int64, length int64) fuse.Status
 	putU64(b, 8, uint64(off))
 	putU64(b, 16, uint64(length))
 	return n.send(notifyInvalInode, b)
+}
+
+// PollWakeup tells the kernel that the file it polled with handle kh
+// (PollIn.Kh) may be ready: its pollers poll again.
+func (n *Notifier) PollWakeup(kh uint64) fuse.Status {
+	b := make([]byte, 8)
+	putU64(b, 0, kh)
+	return n.send(notifyPoll, b)
 }
 
 // InodeRetrieveCache is not supported: krfs caches no file data in the

@@ -16,7 +16,8 @@ import (
 // answer. krfs answers POLL with ENOSYS, after which the kernel stops
 // asking, so Mount makes the kernel learn that at once: it polls a hidden
 // file at the root that the transport itself serves (go-fuse's server
-// does the same for the dev transport).
+// does the same for the dev transport). A file system that is a Poller
+// answers POLL itself, and Mount then leaves the kernel asking.
 const (
 	pollHackName = ".krfs-poll-probe"
 	pollHackNode = ^uint64(0) - 1

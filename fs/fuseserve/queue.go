@@ -2,6 +2,7 @@ package fuseserve
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -46,13 +47,16 @@ type queue struct {
 	qid   int // the CPU
 	n     int // entries of this thread
 	r     *ring
-	mem   []byte // headers and iovecs, then payloads; never seen by the GC
+	mem   []byte // headers and iovecs; never seen by the GC
 	hdrs  []byte
-	pays  []byte
+	pays  []byte // the entries' payload buffers, a part of Server.slab
 	evfd  int
 	evbuf []byte // 8 bytes of mem
 	live  int    // entries the kernel still has or will get back
-	in    [scratchSize / 8]uint64
+	// retries, entRetries and evRetries count consecutive failures of
+	// io_uring_enter, of an entry's command and of the eventfd read.
+	retries, entRetries, evRetries int
+	in                             [scratchSize / 8]uint64
 
 	mu      sync.Mutex
 	done    []completion // answered off the thread, to commit
@@ -95,11 +99,11 @@ func (q *queue) setup() error {
 	page := os.Getpagesize()
 	hdrBytes := (n*entStride + page - 1) / page * page
 	var err error
-	q.mem, err = unix.Mmap(-1, 0, hdrBytes+n*q.s.payload, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	q.mem, err = unix.Mmap(-1, 0, hdrBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return fmt.Errorf("mmap of ring buffers: %w", err)
+		return fmt.Errorf("mmap of ring headers: %w", err)
 	}
-	q.hdrs, q.pays = q.mem[:hdrBytes], q.mem[hdrBytes:]
+	q.hdrs = q.mem
 	q.evbuf = q.hdrs[hdrBytes-8:]
 	q.r, err = newRing(uint32(n + 2))
 	if err != nil {
@@ -165,21 +169,53 @@ func (q *queue) armEvent() {
 }
 
 // serve waits for completions and handles them until no entry is left.
+// A ring that is short of room (EAGAIN, EBUSY: completions waiting to be
+// reaped) or memory (ENOMEM) is retried after the completions it holds
+// are handled: a queue thread that gave up would take its entries with it
+// and leave the requests of its CPU waiting for good.
 func (q *queue) serve() {
 	for q.live > 0 {
 		if err := q.r.enter(true); err != nil {
+			if transientEnter(err) && q.retries < maxRetries {
+				q.retries++
+				q.reap()
+				continue
+			}
 			q.s.logf("FUSE ring queue %d: io_uring_enter: %v", q.qid, err)
 			return
 		}
-		for {
-			c, ok := q.r.peek()
-			if !ok {
-				break
-			}
-			q.r.advance()
-			q.complete(c)
-		}
+		q.retries = 0
+		q.reap()
 	}
+}
+
+// reap handles every completion the ring holds.
+func (q *queue) reap() {
+	for {
+		c, ok := q.r.peek()
+		if !ok {
+			return
+		}
+		q.r.advance()
+		q.complete(c)
+	}
+}
+
+// maxRetries bounds the consecutive failures a queue thread survives (of
+// io_uring_enter, of an entry's command, of the eventfd read): a failure
+// that does not go away ends the entry rather than spin.
+const maxRetries = 8
+
+// transientEnter reports whether io_uring_enter failed for want of room
+// or memory, which reaping completions (or time) gives back.
+func transientEnter(err error) bool {
+	return errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOMEM)
+}
+
+// mountGone reports whether an entry's command failed because the mount
+// is gone (unmount, abort, the daemon dying): the entry then ends.
+func mountGone(e unix.Errno) bool {
+	return e == unix.ENOTCONN || e == unix.ENODEV || e == unix.ECONNABORTED
 }
 
 func (q *queue) complete(c cqe) {
@@ -191,23 +227,46 @@ func (q *queue) complete(c cqe) {
 		for _, d := range done {
 			q.commit(d.ent, d.unique, d.st, d.n)
 		}
-		if c.res >= 0 {
+		// The eventfd read stays armed, also after a failure (a
+		// cancelled read): without it answers served off the thread
+		// would never be committed.
+		if c.res >= 0 || q.evRetries < maxRetries {
+			if c.res < 0 {
+				q.evRetries++
+				q.s.logf("FUSE ring queue %d: eventfd read: %v; reading again", q.qid, unix.Errno(-c.res))
+			} else {
+				q.evRetries = 0
+			}
 			q.armEvent()
 		}
 		return
 	}
 	i := int(c.userData)
 	if c.res < 0 {
-		// ENOTCONN: the mount is gone; anything else ends the entry too.
-		if e := unix.Errno(-c.res); e != unix.ENOTCONN && e != unix.ENODEV {
-			q.s.logf("FUSE ring queue %d entry %d: %v", q.qid, i, e)
+		e := unix.Errno(-c.res)
+		if mountGone(e) || q.entRetries >= maxRetries {
+			if !mountGone(e) {
+				q.s.logf("FUSE ring queue %d entry %d: %v; giving the entry up", q.qid, i, e)
+			}
+			q.live--
+			return
 		}
-		q.live--
+		// The kernel refused the entry's command (a commit of a request
+		// it no longer knows, ENOENT; a cancelled command): the kernel
+		// keeps that entry out of the queue for good, so register the
+		// buffers again as a new entry, or the CPU's queue shrinks by
+		// one each time until its requests wait forever.
+		q.entRetries++
+		q.s.ringReregistered.Add(1)
+		q.s.logf("FUSE ring queue %d entry %d: %v; registering it again", q.qid, i, e)
+		q.command(i, cmdRegister, 0)
 		return
 	}
+	q.entRetries = 0
 	r := decodeRing(&q.in, q.header(i), q.payload(i))
 	unique := r.header().Unique
 	q.s.ringReqs.Add(1)
+	q.s.inService.Add(1)
 	if q.s.mayBlock(&r) {
 		q.async(i, r)
 		return
@@ -258,6 +317,7 @@ func (q *queue) async(i int, r request) {
 
 // commit answers the request in entry i and fetches the next.
 func (q *queue) commit(i int, unique uint64, st fuse.Status, n int) {
+	q.s.inService.Add(-1)
 	h := q.header(i)
 	if st != fuse.OK {
 		n = 0

@@ -60,6 +60,15 @@ type Options struct {
 	// Notifier, if set, sends the file system's notifications to the
 	// kernel once mounted.
 	Notifier *Notifier
+	// ReplyMemory, if set, is called once with the memory of every ring
+	// entry's payload buffer, before the first request can land there:
+	// a READ's reply is built in that buffer (the dest of
+	// RawFileSystem.Read) and a WRITE's data arrives in it, so a file
+	// system that registers it with its NIC moves payloads with no copy
+	// of its own. The memory stays valid as long as the Server is
+	// referenced. An error leaves the server serving; the file system
+	// then copies (counted in FallbackCopies).
+	ReplyMemory func(b []byte) error
 	// Logf receives lines an operator should see.
 	Logf func(format string, args ...any)
 }
@@ -84,6 +93,12 @@ type Stats struct {
 	// reply buffer and was copied there; FallbackBytes their bytes.
 	FallbackCopies uint64 `json:"fallback_copies"`
 	FallbackBytes  uint64 `json:"fallback_bytes"`
+	// RingReregistered counts ring entries the kernel refused a command
+	// of (other than at unmount) and that were registered again.
+	RingReregistered uint64 `json:"ring_reregistered"`
+	// Stalls counts the times the kernel held requests for the mount
+	// while none was in service or served for 30 s (see stall.go).
+	Stalls uint64 `json:"stalls"`
 }
 
 // Server serves one FUSE mount.
@@ -99,16 +114,20 @@ type Server struct {
 	why      string
 	queues   []*queue
 	cpus     int
+	slab     []byte // every entry's payload buffer, payload bytes each
 
 	wg       sync.WaitGroup // the /dev/fuse loop, its handlers and the queues
 	waitOnce sync.Once
 	done     chan struct{}
+	stop     chan struct{} // closed when the /dev/fuse loop ends: the mount is gone
 
-	devReqs, ringReqs, ringAsync, fbCopies, fbBytes atomic.Uint64
+	devReqs, ringReqs, ringAsync, fbCopies, fbBytes, ringReregistered, stalls atomic.Uint64
+	inService                                                                 atomic.Int64 // requests taken and not yet answered
 
 	mu      sync.Mutex
 	streams map[uint64]bool          // file handles whose I/O may block
 	intr    map[uint64]chan struct{} // cancel channels of interruptible requests
+	early   []uint64                 // interrupts of requests not seen yet (see interrupt)
 	closing bool
 }
 
@@ -157,7 +176,7 @@ func Mount(dir string, fs fuse.RawFileSystem, o Options) (*Server, error) {
 	if o.RingBytes <= 0 {
 		o.RingBytes = DefaultRingBytes
 	}
-	s := &Server{fs: fs, dir: dir, fd: -1, o: o, maxWrite: o.MaxWrite, done: make(chan struct{}),
+	s := &Server{fs: fs, dir: dir, fd: -1, o: o, maxWrite: o.MaxWrite, done: make(chan struct{}), stop: make(chan struct{}),
 		streams: map[uint64]bool{}, intr: map[uint64]chan struct{}{}}
 	wantRing := false
 	switch o.Mode {
@@ -196,7 +215,15 @@ func Mount(dir string, fs fuse.RawFileSystem, o Options) (*Server, error) {
 			s.logf("FUSE over io_uring failed (%v): serving /dev/fuse", err)
 		}
 	}
-	s.probePoll()
+	if _, ok := fs.(Poller); !ok {
+		s.probePoll()
+	}
+	if s.uring && len(s.queues) > 0 {
+		if f := fusectlWaiting(dir); f != "" {
+			s.wg.Add(1)
+			go s.watchStalls(f)
+		}
+	}
 	return s, nil
 }
 
@@ -365,6 +392,7 @@ func (s *Server) reply(unique uint64, st fuse.Status, body []byte) error {
 // or not used).
 func (s *Server) loop(buf []byte) {
 	defer s.wg.Done()
+	defer close(s.stop)
 	defer s.cancelAll()
 	for {
 		n, err := unix.Read(s.fd, buf)
@@ -412,8 +440,10 @@ func (s *Server) devRequest(msg []byte) {
 	r.out = make([]byte, replyCap(r))
 	r.cancel = s.interruptible(h.Unique)
 	s.wg.Add(1)
+	s.inService.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer s.inService.Add(-1)
 		n, st := s.serve(r)
 		s.endInterruptible(h.Unique)
 		if err := s.reply(h.Unique, st, r.out[:n]); err != nil && err != unix.ENODEV {
@@ -512,7 +542,7 @@ func (s *Server) mayBlock(r *request) bool {
 func (s *Server) interruptible(unique uint64) chan struct{} {
 	ch := make(chan struct{})
 	s.mu.Lock()
-	if s.closing {
+	if s.closing || s.interruptedEarly(unique) {
 		close(ch)
 	} else {
 		s.intr[unique] = ch
@@ -521,17 +551,46 @@ func (s *Server) interruptible(unique uint64) chan struct{} {
 	return ch
 }
 
+// maxEarly bounds the interrupts kept for requests not seen yet.
+const maxEarly = 64
+
+// interruptedEarly reports (and forgets) whether unique's INTERRUPT came
+// before the request itself. s.mu is held.
+func (s *Server) interruptedEarly(unique uint64) bool {
+	for i, u := range s.early {
+		if u == unique {
+			s.early = append(s.early[:i], s.early[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Server) endInterruptible(unique uint64) {
 	s.mu.Lock()
 	delete(s.intr, unique)
 	s.mu.Unlock()
 }
 
+// interrupt cancels request unique (the kernel sent FUSE_INTERRUPT).
+// An INTERRUPT comes through /dev/fuse, its request may come through a
+// ring, whose thread may not have taken it yet: an interrupt of a request
+// not known is kept (the last maxEarly of them), and the request starts
+// interrupted when it comes. Without that, a port read whose caller was
+// killed would wait for a message and hand it to the dead caller. (A
+// kept interrupt of a request already answered, or of one served on the
+// ring's thread, which is not interruptible, is never claimed; it ages
+// out.)
 func (s *Server) interrupt(unique uint64) {
 	s.mu.Lock()
 	if ch, ok := s.intr[unique]; ok {
 		close(ch)
 		delete(s.intr, unique)
+	} else {
+		if len(s.early) == maxEarly {
+			s.early = s.early[1:]
+		}
+		s.early = append(s.early, unique)
 	}
 	s.mu.Unlock()
 }
@@ -550,7 +609,8 @@ func (s *Server) cancelAll() {
 // Stats returns what the server did so far.
 func (s *Server) Stats() Stats {
 	st := Stats{Transport: "dev", Why: s.why, DevRequests: s.devReqs.Load(), RingRequests: s.ringReqs.Load(),
-		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load()}
+		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load(),
+		RingReregistered: s.ringReregistered.Load(), Stalls: s.stalls.Load()}
 	if s.uring && len(s.queues) > 0 {
 		st.Transport, st.Why = "io_uring", ""
 		st.Queues, st.EntriesPerQueue = s.cpus, s.entries
@@ -588,6 +648,14 @@ func (s *Server) Wait() {
 		}()
 	})
 	<-s.done
+}
+
+// pageAligned returns n zeroed bytes that start on a page boundary.
+func pageAligned(n int) []byte {
+	page := os.Getpagesize()
+	b := make([]byte, n+page-1)
+	off := (page - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(page))) % page
+	return b[off : off+n : off+n]
 }
 
 // possibleCPUs is the number of CPUs the kernel gives a FUSE ring queue
@@ -636,11 +704,22 @@ func (s *Server) startQueues() error {
 		return err
 	}
 	s.entries = entriesPerQueue(s.o.RingBytes, cpus, s.payload)
+	// The payload buffers are ordinary Go memory, page-aligned (the GC
+	// never moves it, and does not scan bytes): it outlives the rings
+	// for whoever registered it (ReplyMemory), so that a NIC writing late
+	// into a buffer never meets an unmapped page.
+	s.slab = pageAligned(cpus * s.entries * s.payload)
+	if s.o.ReplyMemory != nil {
+		if err := s.o.ReplyMemory(s.slab); err != nil {
+			s.logf("FUSE ring payload buffers not registered (%v): READ replies are copied into them", err)
+		}
+	}
 	ready := make(chan error, cpus*s.entries)
 	var qs []*queue
 	for cpu := range cpus {
 		for range s.entries {
-			q := &queue{s: s, qid: cpu, n: 1}
+			k := len(qs)
+			q := &queue{s: s, qid: cpu, n: 1, pays: s.slab[k*s.payload : (k+1)*s.payload : (k+1)*s.payload]}
 			qs = append(qs, q)
 			s.wg.Add(1)
 			go q.run(ready)

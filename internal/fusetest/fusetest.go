@@ -56,13 +56,13 @@ func RequireURing(t testing.TB) {
 }
 
 // Transport is the FUSE transport tests mount with: KRFS_FUSE_TRANSPORT
-// (auto, uring or dev; default dev, as krfs mount), so that CI runs the FUSE tests on
+// (auto, uring or dev; default auto, as krfs mount), so that CI runs the FUSE tests on
 // each.
 func Transport() string {
 	if v := os.Getenv("KRFS_FUSE_TRANSPORT"); v != "" {
 		return v
 	}
-	return fs.TransportDev
+	return fs.TransportAuto
 }
 
 // Options returns o with its Transport set from KRFS_FUSE_TRANSPORT

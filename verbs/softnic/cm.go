@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -77,15 +78,30 @@ type cmRecord struct {
 	at      time.Time
 }
 
+// cmAged is a record of cmState.aged.
+type cmAged struct {
+	k cmKey
+	r *cmRecord
+}
+
 type cmState struct {
-	mu        sync.Mutex // guards the maps
-	pending   map[uint64]chan cmReply
-	done      map[cmKey]*cmRecord
-	perSrc    map[netip.Addr]int // records per source IP
-	secret    [32]byte           // cookie key, immutable after init
-	cookies   atomic.Uint64      // cookies sent
-	limited   atomic.Uint64      // requests refused by the record limits
-	badCookie atomic.Uint64      // requests with a stale or forged cookie
+	mu      sync.Mutex // guards the maps and aged
+	pending map[uint64]chan cmReply
+	done    map[cmKey]*cmRecord
+	perSrc  map[netip.Addr]int // records per source IP
+	// aged lists the records in the order they were made, oldest first
+	// from agedHead, so that expiring them costs what expires, not a scan
+	// of every record at every request (a storm of requests made that
+	// scan most of a passive side's work). Entries of records since
+	// dropped or replaced are skipped, and compacted away when they are
+	// most of the list (or when the skipped head is).
+	aged      []cmAged
+	agedHead  int
+	secret    [32]byte      // cookie key, immutable after init
+	macs      sync.Pool     // of hash.Hash: HMAC-SHA256 under secret
+	cookies   atomic.Uint64 // cookies sent
+	limited   atomic.Uint64 // requests refused by the record limits
+	badCookie atomic.Uint64 // requests with a stale or forged cookie
 }
 
 func (c *cmState) init() {
@@ -114,14 +130,24 @@ func (d *Device) CMStats() CMStats {
 // cookie is the CM cookie for a request from from with connection ID id
 // in cookie epoch e (never 0).
 func (c *cmState) cookie(from netip.AddrPort, id uint64, e int64) uint64 {
-	m := hmac.New(sha256.New, c.secret[:])
-	b, _ := from.MarshalBinary()
+	// A keyed HMAC is reused (Reset restores its keyed state): making
+	// one per request hashed the key twice and allocated, a tenth of a
+	// passive side's work in a storm of connection requests.
+	m, _ := c.macs.Get().(hash.Hash)
+	if m == nil {
+		m = hmac.New(sha256.New, c.secret[:])
+	} else {
+		m.Reset()
+	}
+	var buf [18 + 16]byte
+	b, _ := from.AppendBinary(buf[:0])
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint64(b, uint64(e))
 	m.Write(b)
-	var x [16]byte
-	binary.BigEndian.PutUint64(x[:], id)
-	binary.BigEndian.PutUint64(x[8:], uint64(e))
-	m.Write(x[:])
-	return binary.BigEndian.Uint64(m.Sum(nil)) | 1
+	var sum [sha256.Size]byte
+	v := binary.BigEndian.Uint64(m.Sum(sum[:0])) | 1
+	c.macs.Put(m)
+	return v
 }
 
 // cookieOK checks the cookie of a CM_REQ; otherwise it answers with a
@@ -308,6 +334,43 @@ func (c *cmState) dropLocked(k cmKey) {
 	}
 }
 
+// addLocked records r for k (replacing a record k had).
+func (c *cmState) addLocked(k cmKey, r *cmRecord) {
+	if _, dup := c.done[k]; !dup {
+		c.perSrc[k.from.Addr()]++
+	}
+	c.done[k] = r
+	c.aged = append(c.aged, cmAged{k, r})
+	if live := len(c.aged) - c.agedHead; live > 2*len(c.done)+64 || c.agedHead > len(c.aged)/2 {
+		kept := c.aged[:0]
+		for _, e := range c.aged[c.agedHead:] {
+			if c.done[e.k] == e.r {
+				kept = append(kept, e)
+			}
+		}
+		clear(c.aged[len(kept):])
+		c.aged, c.agedHead = kept, 0
+	}
+}
+
+// expireLocked drops the records older than cmRecordTL at now.
+func (c *cmState) expireLocked(now time.Time) {
+	for c.agedHead < len(c.aged) {
+		e := c.aged[c.agedHead]
+		if c.done[e.k] == e.r {
+			if now.Sub(e.r.at) <= cmRecordTL {
+				break
+			}
+			c.dropLocked(e.k)
+		}
+		c.aged[c.agedHead] = cmAged{}
+		c.agedHead++
+	}
+	if c.agedHead == len(c.aged) {
+		c.aged, c.agedHead = c.aged[:0], 0
+	}
+}
+
 func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payload []byte) {
 	if d.auth == nil && !c.cookieOK(d, from, h) {
 		return
@@ -319,11 +382,7 @@ func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payl
 		d.rxOut.add(from, &rej, []byte(why))
 	}
 	c.mu.Lock()
-	for k, r := range c.done {
-		if now.Sub(r.at) > cmRecordTL {
-			c.dropLocked(k)
-		}
-	}
+	c.expireLocked(now)
 	rec := c.done[key]
 	full := len(c.done) >= cmMaxRecords || c.perSrc[from.Addr()] >= cmMaxPerSource
 	c.mu.Unlock()
@@ -374,10 +433,7 @@ func (c *cmState) onRequest(d *Device, from netip.AddrPort, h *wire.Header, payl
 	}
 	rep := wire.Header{Op: wire.OpCMRep, Service: h.Service, CMQPN: q.qpn, CMPSN: startPSN, CMMTU: uint32(mtu), ConnID: h.ConnID}
 	c.mu.Lock()
-	if _, dup := c.done[key]; !dup {
-		c.perSrc[from.Addr()]++
-	}
-	c.done[key] = &cmRecord{rep: rep, private: append([]byte(nil), priv...), at: now}
+	c.addLocked(key, &cmRecord{rep: rep, private: append([]byte(nil), priv...), at: now})
 	c.mu.Unlock()
 	d.rxOut.add(from, &rep, priv)
 }

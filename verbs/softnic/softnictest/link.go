@@ -163,7 +163,17 @@ func (l *Link) Close() error {
 func (l *Link) run() {
 	defer l.wg.Done()
 	n := l.net
+	// timer, while armed, fires at due. It is never Reset while it may be
+	// pending: the runtime marks a pending timer that is Reset as modified,
+	// and the next time that comes, walks every timer of the process (of
+	// the synctest bubble) to re-sort them. A link woken for every queued
+	// packet, say a paced one with a full queue, would pay that walk at
+	// every delivery. So it keeps a timer that is due when it must be, and
+	// otherwise drops it (Stop leaves it in the heap until its time, at
+	// logarithmic cost) for a new one.
 	var timer *time.Timer
+	var due time.Time
+	armed := false
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -181,19 +191,30 @@ func (l *Link) run() {
 				next = later(l.queue[0].at, l.rxFree)
 			}
 			n.mu.Unlock()
-			if pending {
-				d := time.Until(next)
-				if timer == nil {
-					timer = time.NewTimer(d)
-				} else {
-					timer.Reset(d)
+			switch {
+			case pending && armed && next.Equal(due):
+			case pending:
+				if armed {
+					timer.Stop()
 				}
+				if timer == nil || armed {
+					timer = time.NewTimer(time.Until(next))
+				} else {
+					timer.Reset(time.Until(next)) // fired: not pending
+				}
+				due, armed = next, true
+			case armed:
+				timer.Stop()
+				timer, armed = nil, false
+			}
+			if armed {
 				tick = timer.C
 			}
 		}
 		select {
 		case <-l.wake:
 		case <-tick:
+			armed = false
 		case <-l.done:
 			return
 		}

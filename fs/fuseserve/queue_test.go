@@ -1,0 +1,81 @@
+package fuseserve
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// lastSQE returns the opcode and command of the SQE queued last on r.
+func lastSQE(r *ring) (opcode uint8, cmdOp uint32, userData uint64) {
+	idx := (r.tail - 1) & r.sqMask
+	s := r.sqes[int(idx)*sqeSize : int(idx+1)*sqeSize]
+	return s[0], binary.LittleEndian.Uint32(s[8:]), binary.LittleEndian.Uint64(s[32:])
+}
+
+// testQueue is a queue of one entry on a real ring that is never entered:
+// what complete queues can be read back from the SQ.
+func testQueue(t *testing.T) *queue {
+	t.Helper()
+	r, err := newRing(4)
+	if err != nil {
+		t.Skipf("no io_uring here: %v", err)
+	}
+	t.Cleanup(r.close)
+	s := &Server{}
+	q := &queue{s: s, qid: 0, n: 1, r: r, live: 1, hdrs: make([]byte, entStride), evbuf: make([]byte, 8)}
+	return q
+}
+
+// Rule: an entry whose command the kernel refused while the mount is
+// alive (ENOENT for a commit it no longer knows) is registered again, so
+// the CPU's queue keeps its entries; after maxRetries refusals in a row
+// the entry is given up rather than retried forever. At unmount
+// (ENOTCONN) the entry just ends.
+func TestRefusedEntryIsRegisteredAgain(t *testing.T) {
+	q := testQueue(t)
+	q.complete(cqe{userData: 0, res: -int32(unix.ENOENT)})
+	if q.live != 1 {
+		t.Fatalf("live entries %d after a refused commit, want 1", q.live)
+	}
+	op, cmd, ud := lastSQE(q.r)
+	if q.r.pending != 1 || op != iouURingCmd || cmd != cmdRegister || ud != 0 {
+		t.Fatalf("queued %d SQEs, last opcode %d cmd %d entry %d; want one REGISTER of entry 0", q.r.pending, op, cmd, ud)
+	}
+	if got := q.s.Stats().RingReregistered; got != 1 {
+		t.Errorf("RingReregistered %d, want 1", got)
+	}
+	for range maxRetries - 1 {
+		q.r.pending, q.r.tail = 0, q.r.tail-1 // as if submitted
+		q.complete(cqe{userData: 0, res: -int32(unix.ECANCELED)})
+	}
+	if q.live != 1 {
+		t.Fatalf("live %d after %d refusals, want 1", q.live, maxRetries)
+	}
+	q.r.pending, q.r.tail = 0, q.r.tail-1
+	q.complete(cqe{userData: 0, res: -int32(unix.ECANCELED)})
+	if q.live != 0 || q.r.pending != 0 {
+		t.Fatalf("after %d refusals in a row: live %d, %d SQEs queued; want the entry given up", maxRetries+1, q.live, q.r.pending)
+	}
+
+	q = testQueue(t)
+	q.complete(cqe{userData: 0, res: -int32(unix.ENOTCONN)})
+	if q.live != 0 || q.r.pending != 0 {
+		t.Fatalf("at unmount: live %d, %d SQEs queued; want the entry ended", q.live, q.r.pending)
+	}
+}
+
+// Rule: the eventfd read that brings answers served off the ring's thread
+// is armed again after it completes, also when it failed.
+func TestEventReadStaysArmed(t *testing.T) {
+	for _, res := range []int32{8, -int32(unix.ECANCELED)} {
+		q := testQueue(t)
+		q.evfd = 99
+		q.complete(cqe{userData: eventTag, res: res})
+		op, _, ud := lastSQE(q.r)
+		if q.r.pending != 1 || op != iouRead || ud != eventTag {
+			t.Errorf("eventfd read completed with %d: %d SQEs queued (opcode %d, tag %x), want it read again", res, q.r.pending, op, ud)
+		}
+	}
+}
