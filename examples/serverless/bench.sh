@@ -15,7 +15,8 @@
 # Hand-off = consumer holds the whole object - producer starts sending;
 # acked = producer got the consumer's digest back - producer starts sending.
 # Every run checks the SHA-256 on both sides; one mismatch fails the script.
-# Environment: KRFS_NS, KRFS_NET, KRFS_DIR as for scripts/cluster.sh
+# Environment: KRFS_NS, KRFS_NET, KRFS_DIR, KRFS_MOUNT_FLAGS (e.g.
+# "--fuse-transport dev": BENCHMARKS.md compares the transports) as for scripts/cluster.sh
 # (defaults keep this cluster apart from others), REPS, SIZES, OUT (raw
 # JSON lines; default a temporary file).
 set -euo pipefail
