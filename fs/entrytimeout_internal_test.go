@@ -42,8 +42,9 @@ func (stubConn) Regions(ctx context.Context) ([]Region, error) {
 func (stubConn) Close() error { return nil }
 
 // TestFixedNamesLongEntryTimeout: the names that cannot change meaning
-// (the root's children, a peer's mem, mr, ports, info) are answered with
-// an entry timeout of fixedEntryTimeout and their attributes; a live
+// (the root's children, a peer's mem, mr, ports, info, a port of a peer)
+// are answered with an entry timeout of fixedEntryTimeout and their
+// attributes; a live
 // peers/<gid> gets peerEntryTimeout; a fixed child whose attributes could
 // not be had keeps the mount's short timeout (0 here: go-fuse fills it
 // in), and no attribute timeout is lengthened.
@@ -86,13 +87,19 @@ func TestFixedNamesLongEntryTimeout(t *testing.T) {
 		t.Fatalf("peers/7/mem: entry timeout %v, size %d, mode %#o; want %v, 64, regular 0640",
 			outMem.EntryTimeout(), outMem.Attr.Size, outMem.Attr.Mode, fixedEntryTimeout)
 	}
+	ports, _ := lookup(pd, "ports")
+	if _, outPort := lookup(ports.Operations().(gofs.NodeLookuper), "100"); outPort.EntryTimeout() != fixedEntryTimeout ||
+		outPort.Attr.Mode != syscall.S_IFREG|0o200 {
+		t.Fatalf("peers/7/ports/100: entry timeout %v, mode %#o; want %v, regular 0200 (mem's write bits)",
+			outPort.EntryTimeout(), outPort.Attr.Mode, fixedEntryTimeout)
+	}
 	b.down = true
 	mem2, outDown := lookup(pd, "mem")
 	if mem2 != mem || outDown.EntryTimeout() != 0 {
 		t.Fatalf("peers/7/mem of a peer that does not answer: entry timeout %v (same inode %v), want the mount's",
 			outDown.EntryTimeout(), mem2 == mem)
 	}
-	if b.connects != 2 {
-		t.Fatalf("%d connects, want 2 (one per lookup of mem)", b.connects)
+	if b.connects != 3 {
+		t.Fatalf("%d connects, want 3 (one per lookup of mem, one of the port)", b.connects)
 	}
 }

@@ -119,7 +119,8 @@ var (
 
 // fixedEntryTimeout is how long the kernel may keep the entry of a name
 // whose meaning cannot change: a fixed child of a directory (the root's
-// peers, regions, ports, stats; a peer's mem, mr, ports, info). Such a
+// peers, regions, ports, stats; a peer's mem, mr, ports, info, and a
+// port of a peer, ports/<n>). Such a
 // name always leads to the same inode for as long as its parent does, so
 // a LOOKUP of it only repeats what the kernel knows; with the mount's
 // 1 s every new process that opens peers/<gid>/mem more than a second
@@ -763,6 +764,11 @@ func (d *peerPortsDir) Lookup(ctx context.Context, name string, out *fuse.EntryO
 	if e := f.attr(ctx, &out.Attr); e != 0 {
 		return nil, e
 	}
+	// A port number always means that port of this peer: a fresh
+	// process that sends to it (a serverless function) needs no LOOKUP
+	// when another did before it. The attributes (those of the peer's
+	// mem) keep the mount's short timeout.
+	out.SetEntryTimeout(fixedEntryTimeout)
 	return d.NewInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
 }
 

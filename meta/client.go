@@ -146,6 +146,7 @@ type ClientStats struct {
 	Lookups      uint64 // Lookup calls
 	CacheMisses  uint64 // Lookups not answered by the DCCache
 	Reads        uint64 // table READs completed
+	DrivenReads  uint64 // of which the caller received the answer itself (run to completion)
 	TornReads    uint64 // READs that found a write in progress and were repeated
 	RPCs         uint64 // requests answered
 	StrayReplies uint64 // replies that matched no waiting request
@@ -213,6 +214,7 @@ type Client struct {
 	st struct {
 		lookups, misses, reads, tornReads, rpcs  atomic.Uint64
 		strayReplies, failovers, connects, inval atomic.Uint64
+		drivenReads                              atomic.Uint64
 		lastKnown, rebuilds, mapRetries          atomic.Uint64
 		backoffs, uncached, busy                 atomic.Uint64
 	}
@@ -629,6 +631,7 @@ func (c *Client) Stats() ClientStats {
 		Lookups:      c.st.lookups.Load(),
 		CacheMisses:  c.st.misses.Load(),
 		Reads:        c.st.reads.Load(),
+		DrivenReads:  c.st.drivenReads.Load(),
 		TornReads:    c.st.tornReads.Load(),
 		RPCs:         c.st.rpcs.Load(),
 		StrayReplies: c.st.strayReplies.Load(),

@@ -586,6 +586,7 @@ func (cn *conn) finishLocked(o *op) {
 	case o.done <- struct{}{}:
 	default:
 	}
+	cn.wakeDriver()
 }
 
 // call sends request m and waits for its reply (at most the client's

@@ -20,7 +20,16 @@ func (cn *conn) read(ctx context.Context, slot int, seq uint32, off uint64, n in
 		cn.kill()
 		return nil, cn.abandon(slot, seq), fmt.Errorf("%w: %v: %v", ErrUnreachable, cn.addr, err)
 	}
-	abandoned, err := cn.wait(ctx, slot, seq, nil, true)
+	// Run to completion first (drive.go); the wait then finds it done.
+	adapt := true
+	rto := cn.ackTimeout()
+	if d, done, late := cn.drive(ctx, &cn.ops[slot], rto); done {
+		cn.took(d, true)
+		adapt = false
+	} else if late {
+		cn.late(rto)
+	}
+	abandoned, err := cn.wait(ctx, slot, seq, nil, adapt)
 	if err != nil {
 		return nil, abandoned, err
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -132,93 +133,162 @@ func nodeStat(t *testing.T, mnt, name string) int {
 // testServerless hands objects from a producer on host 1 to a consumer
 // on host 3: through ports/ below the rendezvous threshold (one eager
 // message), at it, and above one message (chunked over several ports);
-// and through a region of the producer that the consumer READs, with the
-// object written into the daemon's store or, without it, through the
-// mount. The consumer's copy must be byte-identical, objects of 64 KiB
-// and more sent as messages must have gone by rendezvous, and nothing
-// may stay bound or exported.
+// through a new region of the producer that the consumer READs, with the
+// object written through the mount; and through a region of host 1's
+// hand-off pool, written into the daemon's store. The consumer's copy
+// must be byte-identical, objects of 64 KiB and more sent as messages
+// must have gone by rendezvous, and nothing may stay bound or exported
+// but the pool's regions.
 func testServerless(t *testing.T, c *cluster) {
-	ho := c.py("serverless/handoff.py")
 	cases := []struct {
 		size int
 		via  string
 		shm  bool
+		want string // the way the consumer saw
 	}{
-		{16 << 10, "auto", false},
-		{64 << 10, "auto", false},
-		{3<<20 + 12345, "ports", false},
-		{3<<20 + 12345, "auto", true},
-		{300 << 10, "region", false},
+		{16 << 10, "auto", false, "ports"},
+		{64 << 10, "auto", false, "region"},
+		{3<<20 + 12345, "ports", false, "ports"},
+		{3<<20 + 12345, "auto", true, "pool"},
+		{300 << 10, "region", false, "region"},
 	}
 	for i, tc := range cases {
 		t.Run(fmt.Sprintf("%d-%s", tc.size, tc.via), func(t *testing.T) {
-			in := filepath.Join(c.dir, fmt.Sprintf("obj-%d", i))
-			out := in + ".out"
-			obj := make([]byte, tc.size)
-			rand.Read(obj)
-			if err := os.WriteFile(in, obj, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			port := 200 + 10*i
-			rdvBefore := nodeStat(t, c.mnt(1), "node.MsgRendezvous")
-			recv := make(chan string, 1)
-			go func() {
-				o, err := c.sh(hangGuard, fmt.Sprintf("%s recv --mount %s --port %d --out %s --timeout 50", ho, c.mnt(3), port, out))
-				if err != nil {
-					o += err.Error()
-				}
-				recv <- o
-			}()
-			// The consumer binds its ports first.
-			deadline := time.Now().Add(hangGuard)
-			for {
-				if _, err := os.Stat(filepath.Join(c.mnt(3), "ports", strconv.Itoa(port+3))); err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("consumer did not bind port %d: %s", port, <-recv)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			shm := ""
-			if tc.shm {
-				shm = "--shm-dir " + filepath.Join(c.dir, "shm-h1")
-			}
-			sent := c.mustSh(t, fmt.Sprintf("%s send --mount %s --to 3 --port %d --reply %d --in %s --via %s %s --timeout 50",
-				ho, c.mnt(1), port, port+50, in, tc.via, shm))
-			got := <-recv
-			if !strings.Contains(sent, `"identical": true`) || !strings.Contains(got, `"side": "recv"`) {
-				t.Fatalf("send: %s\nrecv: %s", sent, got)
-			}
-			region := tc.via == "region" || tc.via == "auto" && tc.size >= 64<<10
-			if region != strings.Contains(got, `"via": "region"`) {
-				t.Fatalf("want via region %v: %s", region, got)
-			}
-			b, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(b, obj) {
-				t.Fatalf("the consumer's object differs from the producer's (%d vs %d bytes)", len(b), len(obj))
-			}
-			size := tc.size
-			chunks := (size + (1<<20 - 8192) - 1) / (1<<20 - 8192)
-			rdv := nodeStat(t, c.mnt(1), "node.MsgRendezvous") - rdvBefore
-			switch {
-			case (region || size < 64<<10) && rdv != 0:
-				t.Fatalf("%d B object: %d rendezvous, want one eager message", size, rdv)
-			case !region && size >= 64<<10 && rdv != chunks:
-				t.Fatalf("%d B object in %d chunks: %d rendezvous", size, chunks, rdv)
-			}
-			for _, p := range []string{filepath.Join(c.mnt(3), "ports", strconv.Itoa(port)), filepath.Join(c.mnt(3), "ports", strconv.Itoa(port+3)),
-				filepath.Join(c.mnt(1), "ports", strconv.Itoa(port+50))} {
-				if _, err := os.Stat(p); err == nil {
-					t.Fatalf("%s still bound after the hand-off", p)
-				}
-			}
-			if left, _ := filepath.Glob(filepath.Join(c.mnt(1), "regions", "ho-*")); len(left) != 0 {
-				t.Fatalf("regions left behind: %v", left)
-			}
+			handoff(t, c, 200+10*i, tc.size, tc.via, tc.shm, tc.want)
 		})
+	}
+	t.Run("pool", func(t *testing.T) { testServerlessPool(t, c) })
+}
+
+// testServerlessPool: hand-offs through host 1's pool reuse its regions:
+// a second hand-off of the same size class makes no new region, a slot
+// another producer holds (its store file's flock) is skipped, and every
+// slot is zeroed once its hand-off is over.
+func testServerlessPool(t *testing.T, c *cluster) {
+	const size = 300 << 10 // class 512 KiB
+	slot := func(i int) string { return fmt.Sprintf("ho-pool-80000-%d", i) }
+	store := filepath.Join(c.dir, "shm-h1")
+	defer func() {
+		pool, _ := filepath.Glob(filepath.Join(c.mnt(1), "regions", "ho-pool-*"))
+		for _, p := range pool {
+			os.Remove(p)
+		}
+	}()
+	zeroed := func(name string) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(store, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != 512<<10 {
+			t.Fatalf("%s holds %d bytes, want the class size %d", name, len(b), 512<<10)
+		}
+		if !bytes.Equal(b, make([]byte, len(b))) {
+			t.Fatalf("%s still holds the object after the hand-off", name)
+		}
+	}
+	pool := func() []string {
+		got, _ := filepath.Glob(filepath.Join(c.mnt(1), "regions", "ho-pool-80000-*"))
+		for i := range got {
+			got[i] = filepath.Base(got[i])
+		}
+		return got
+	}
+	for k := range 2 {
+		handoff(t, c, 300+10*k, size, "pool", true, "pool")
+		if got := pool(); len(got) != 1 || got[0] != slot(0) {
+			t.Fatalf("after hand-off %d the pool is %v, want [%s]", k+1, got, slot(0))
+		}
+		zeroed(slot(0))
+	}
+	// Another producer holds slot 0: the next hand-off takes slot 1.
+	f, err := os.OpenFile(filepath.Join(store, slot(0)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	handoff(t, c, 320, size, "pool", true, "pool")
+	if got := pool(); len(got) != 2 || got[1] != slot(1) {
+		t.Fatalf("with slot 0 held the pool is %v, want [%s %s]", got, slot(0), slot(1))
+	}
+	zeroed(slot(1))
+}
+
+// handoff runs one hand-off of a random object of size bytes from host 1
+// to host 3 (consumer ports port.., producer's reply port port+50) and
+// checks it (see testServerless).
+func handoff(t *testing.T, c *cluster, port, size int, via string, shm bool, want string) {
+	t.Helper()
+	ho := c.py("serverless/handoff.py")
+	in := filepath.Join(c.dir, fmt.Sprintf("obj-%d", port))
+	out := in + ".out"
+	obj := make([]byte, size)
+	rand.Read(obj)
+	if err := os.WriteFile(in, obj, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rdvBefore := nodeStat(t, c.mnt(1), "node.MsgRendezvous")
+	recv := make(chan string, 1)
+	go func() {
+		o, err := c.sh(hangGuard, fmt.Sprintf("%s recv --mount %s --port %d --out %s --timeout 50", ho, c.mnt(3), port, out))
+		if err != nil {
+			o += err.Error()
+		}
+		recv <- o
+	}()
+	// The consumer binds its ports first.
+	deadline := time.Now().Add(hangGuard)
+	for {
+		if _, err := os.Stat(filepath.Join(c.mnt(3), "ports", strconv.Itoa(port+3))); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumer did not bind port %d: %s", port, <-recv)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	shmFlag := ""
+	if shm {
+		shmFlag = "--shm-dir " + filepath.Join(c.dir, "shm-h1")
+	}
+	sent := c.mustSh(t, fmt.Sprintf("%s send --mount %s --to 3 --port %d --reply %d --in %s --via %s %s --timeout 50",
+		ho, c.mnt(1), port, port+50, in, via, shmFlag))
+	got := <-recv
+	if !strings.Contains(sent, `"identical": true`) || !strings.Contains(got, `"side": "recv"`) {
+		t.Fatalf("send: %s\nrecv: %s", sent, got)
+	}
+	if !strings.Contains(got, fmt.Sprintf(`"via": %q`, want)) || !strings.Contains(sent, fmt.Sprintf(`"via": %q`, want)) {
+		t.Fatalf("want via %s:\nsend: %s\nrecv: %s", want, sent, got)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, obj) {
+		t.Fatalf("the consumer's object differs from the producer's (%d vs %d bytes)", len(b), len(obj))
+	}
+	region := want != "ports"
+	chunks := (size + (1<<20 - 8192) - 1) / (1<<20 - 8192)
+	rdv := nodeStat(t, c.mnt(1), "node.MsgRendezvous") - rdvBefore
+	switch {
+	case (region || size < 64<<10) && rdv != 0:
+		t.Fatalf("%d B object: %d rendezvous, want one eager message", size, rdv)
+	case !region && size >= 64<<10 && rdv != chunks:
+		t.Fatalf("%d B object in %d chunks: %d rendezvous", size, chunks, rdv)
+	}
+	for _, p := range []string{filepath.Join(c.mnt(3), "ports", strconv.Itoa(port)), filepath.Join(c.mnt(3), "ports", strconv.Itoa(port+3)),
+		filepath.Join(c.mnt(1), "ports", strconv.Itoa(port+50))} {
+		if _, err := os.Stat(p); err == nil {
+			t.Fatalf("%s still bound after the hand-off", p)
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(c.mnt(1), "regions", "ho-*"))
+	for _, l := range left {
+		if !strings.HasPrefix(filepath.Base(l), "ho-pool-") {
+			t.Fatalf("regions left behind: %v", left)
+		}
 	}
 }

@@ -8,12 +8,15 @@
 # Host 1 runs the producer, host 2 the consumer; every run starts two fresh
 # processes (the consumer first, which binds its ports, then the producer).
 # krfs hands objects below 64 KiB over as port messages and larger ones
-# through a region of the producer that the consumer READs (handoff.py
-# --via auto; VIA=ports or VIA=region forces one way for every size).
+# through a region of host 1's hand-off pool that the consumer READs
+# (handoff.py --via auto; the first run of each size class makes the
+# pool's region, later runs reuse it); VIA=ports, VIA=region (a new
+# region per hand-off) or VIA=pool forces one way for every size.
 # Hand-off = consumer holds the whole object - producer starts sending;
 # acked = producer got the consumer's digest back - producer starts sending.
 # Every run checks the SHA-256 on both sides; one mismatch fails the script.
-# Environment: KRFS_NS, KRFS_NET, KRFS_DIR as for scripts/cluster.sh
+# Environment: KRFS_NS, KRFS_NET, KRFS_DIR, KRFS_MOUNT_FLAGS (e.g.
+# "--fuse-transport dev": BENCHMARKS.md compares the transports) as for scripts/cluster.sh
 # (defaults keep this cluster apart from others), REPS, SIZES, OUT (raw
 # JSON lines; default a temporary file).
 set -euo pipefail
@@ -54,7 +57,9 @@ wait_ready() {
 tmp=$(mktemp -d)
 for s in $SIZES; do
 	for r in $(seq 1 "$REPS"); do
-		# krfs ports
+		# krfs ports (the file is emptied here, not by the background
+		# job's redirection, which may come after wait_ready looked)
+		: >"$tmp/recv"
 		in_host 2 $py recv --mount "$M2" --port 100 ${RECV_FLAGS:-} >"$tmp/recv" &
 		rp=$!
 		wait_ready "$tmp/recv"
@@ -63,6 +68,7 @@ for s in $SIZES; do
 		wait $rp
 		grep -v ready "$tmp/recv" >>"$OUT"
 		# TCP
+		: >"$tmp/recv"
 		in_host 2 $py tcprecv --bind "$KRFS_NET.2" --port 7100 >"$tmp/recv" &
 		rp=$!
 		wait_ready "$tmp/recv"

@@ -36,6 +36,13 @@ consumer received; the producer exits successfully only if it matches
 its own. The TCP variant sends the same header once, then the object as
 a stream, and gets the same ack back.
 
+From 64 KiB the producer may instead put the object in a region of its
+host and send only a descriptor (kind 3, the region's name after the
+header); the consumer preads peers/<producer>/mr/<name> (--via region: a
+new region per hand-off; --via pool: a reused slot of the host's pool,
+claimed with a flock of its file in the daemon's store and zeroed after
+the ack; auto: the pool when the store is reachable; see README.md).
+
 Subcommands:
   recv  --mount M --port P [--streams S] [--out FILE]     krfs consumer
   send  --mount M --to GID --port P --reply R [--streams S] (--in FILE | --size N)
@@ -47,6 +54,7 @@ variants for a list of sizes and prints the latency table.
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import mmap
@@ -64,9 +72,11 @@ KIND_CHUNK, KIND_ACK, KIND_REGION = 1, 2, 3
 MAX_MESSAGE = (1 << 20) - 4096  # fs.MaxMessage
 MAX_CHUNK = (1 << 20) - 8192    # payload per message, header included stays below MAX_MESSAGE
 RECV_BUF = 2 << 20
+ACK_BUF = 4096                  # an ack is 72 bytes: a small buffer has few pages to fault in
 STREAMS = 4                     # ports per hand-off: chunks in flight at once
 REGION_MIN = 64 << 10           # --via auto: objects from this size go through a region
 PIECE = 1 << 20                 # a region read: one FUSE request (fs.MaxIO)
+POOL_SLOTS = 8                  # pool regions per size class: hand-offs in flight at once per host
 
 
 class HandoffError(Exception):
@@ -187,6 +197,103 @@ def pull_region(mount, src, name, size, k, piece, steps):
         os.close(fd)
 
 
+def pool_class(size):
+    """The size of the pool regions an object of size bytes goes through:
+    a power of two, at least REGION_MIN."""
+    c = REGION_MIN
+    while c < size:
+        c <<= 1
+    return c
+
+
+class PoolSlot:
+    """A claimed region of this host's hand-off pool: regions/ho-pool-<class>-<i>,
+    made once (by the first producer that needs it) and then reused by every
+    producer on the host, so that a hand-off creates, sizes and removes no
+    region and the consumer's daemon already knows its name and key. A slot
+    is claimed with an exclusive flock of its file in the daemon's store and
+    held until the consumer's ack; the bytes handed over are zeroed before it
+    is released, so that no object outlives its hand-off in the pool."""
+
+    def __init__(self, name, fd, size):
+        self.name, self.fd, self.size = name, fd, size
+
+    def release(self, used):
+        try:
+            zero = bytes(min(used, PIECE))
+            off = 0
+            while off < used:
+                off += os.pwrite(self.fd, zero[:min(len(zero), used - off)], off)
+        finally:
+            os.close(self.fd)  # drops the flock
+
+
+def claim_pool(a, store, size):
+    """Claims a free pool slot of size's class, making the region if no
+    producer made it yet; None when every slot is taken."""
+    cls = pool_class(size)
+    for i in range(POOL_SLOTS):
+        name = "ho-pool-%x-%d" % (cls, i)
+        spath = os.path.join(store, name)
+        try:
+            sfd = os.open(spath, os.O_RDWR)
+        except FileNotFoundError:
+            rpath = os.path.join(a.mount, "regions", name)
+            try:
+                fd = os.open(rpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue  # another producer is making it
+            try:
+                os.ftruncate(fd, cls)
+            except OSError:
+                os.unlink(rpath)  # no slot of the wrong size left behind
+                raise
+            finally:
+                os.close(fd)
+            sfd = os.open(spath, os.O_RDWR)
+        try:
+            fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(sfd)
+            continue
+        if os.fstat(sfd).st_size < size:
+            os.close(sfd)  # made by a producer that has not sized it yet
+            continue
+        return PoolSlot(name, sfd, cls)
+    return None
+
+
+def send_descriptor(a, oid, size, gid, name):
+    pfd = os.open(os.path.join(a.mount, "peers", str(a.to), "ports", str(a.port)), os.O_WRONLY)
+    try:
+        os.write(pfd, HDR.pack(MAGIC, 1, KIND_REGION, 1, oid, size, 0, 1, gid, a.reply) + name.encode())
+    finally:
+        os.close(pfd)
+
+
+def send_pool(a, obj, oid, gid, steps):
+    """Put obj in a claimed pool region and send its descriptor. Returns the
+    slot (release it after the ack), or None when the pool cannot be used
+    (no access to the daemon's store, every slot taken)."""
+    store = a.shm_dir or "/dev/shm/krfs-%d" % gid
+    if not os.path.isdir(store):
+        return None
+    slot = claim_pool(a, store, len(obj))
+    if slot is None:
+        return None
+    try:
+        steps["t_region"] = time.time_ns()
+        mv, off = memoryview(obj), 0
+        while off < len(obj):
+            off += os.pwrite(slot.fd, mv[off:], off)
+        steps["t_filled"] = time.time_ns()
+        send_descriptor(a, oid, len(obj), gid, slot.name)
+    except BaseException:
+        slot.release(len(obj))
+        raise
+    return slot
+
+
 def send_region(a, obj, oid, gid, steps):
     """Put obj in a region of this node and send its descriptor; the
     region goes when the consumer's ack came (or the producer gave up)."""
@@ -212,11 +319,7 @@ def send_region(a, obj, oid, gid, steps):
         steps["t_filled"] = time.time_ns()
     finally:
         os.close(fd)
-    pfd = os.open(os.path.join(a.mount, "peers", str(a.to), "ports", str(a.port)), os.O_WRONLY)
-    try:
-        os.write(pfd, HDR.pack(MAGIC, 1, KIND_REGION, 1, oid, size, 0, 1, gid, a.reply) + name.encode())
-    finally:
-        os.close(pfd)
+    send_descriptor(a, oid, size, gid, name)
     return rpath
 
 
@@ -255,7 +358,8 @@ def cmd_recv(a):
                     state["t_first"], state["first"] = time.time_ns(), (oid, size, src, reply)
                     name = bytes(mv[HDR.size:n]).decode("ascii", "replace")
                     obj = pull_region(a.mount, src, name, size, k, a.piece, state)
-                    state["obj"], state["t_done"], state["via"] = obj, time.time_ns(), "region"
+                    state["obj"], state["t_done"] = obj, time.time_ns()
+                    state["via"] = "pool" if name.startswith("ho-pool-") else "region"
                     done.set()
                     return
                 if magic != MAGIC or ver != 1 or kind != KIND_CHUNK:
@@ -333,6 +437,7 @@ def cmd_send(a):
     gid = a.gid or self_gid(a.mount)
     rpath, rfd = bind(a.mount, a.reply)
     region = None
+    slot = None
     try:
         with_timeout(a.timeout)
         oid = int.from_bytes(os.urandom(8), "little")
@@ -356,10 +461,20 @@ def cmd_send(a):
             except BaseException as e:  # noqa: B902 - handed to the main thread
                 errs.append(e)
 
-        via = a.via if a.via != "auto" else ("region" if size >= REGION_MIN else "ports")
+        via = a.via if a.via != "auto" else ("pool" if size >= REGION_MIN else "ports")
         steps = {}  # when each step of a region hand-off ended
         t0 = time.time_ns()
-        if via == "region":
+        if via == "pool":
+            slot = send_pool(a, obj, oid, gid, steps)
+            if slot is None:
+                if a.via == "pool":
+                    raise HandoffError("no pool slot: the daemon's store (--shm-dir) is not reachable "
+                                       "or all %d slots are taken" % POOL_SLOTS)
+                via = "region"  # auto: a region of its own
+            count = 1
+        if via == "pool":
+            pass  # the descriptor is sent
+        elif via == "region":
             region = send_region(a, obj, oid, gid, steps)
             count = 1
         elif k == 1:
@@ -375,12 +490,16 @@ def cmd_send(a):
         t_sent = time.time_ns()
         if errs:
             raise errs[0]
-        abuf = bytearray(RECV_BUF)
+        abuf = bytearray(ACK_BUF)
         ack = bytes(abuf[:recv(rfd, abuf)])
         if region:
             os.unlink(region)
             region = None
         t_acked = time.time_ns()
+        if slot:
+            # Clean-up, after the hand-off: zero what it held, free the slot.
+            slot.release(size)
+            slot = None
         signal.alarm(0)
         digest = hashlib.sha256(obj).digest()
         ok = (len(ack) == HDR.size + 32 and ack[:4] == MAGIC and HDR.unpack_from(ack)[2] == KIND_ACK
@@ -391,6 +510,8 @@ def cmd_send(a):
         if not ok:
             raise HandoffError("the consumer's digest differs: the object was not handed off intact")
     finally:
+        if slot:
+            slot.release(size)
         if region:
             os.unlink(region)
         os.close(rfd)
@@ -485,9 +606,11 @@ def main(argv):
     q.add_argument("--gid", type=int, default=0, help="this host's gid (default: read from MOUNT/stats)")
     q.add_argument("--streams", type=int, default=STREAMS,
                    help="chunks go round-robin to ports PORT .. PORT+STREAMS-1, one writer each (default %(default)s)")
-    q.add_argument("--via", choices=("auto", "ports", "region"), default="auto",
-                   help="ports: chunks as messages; region: the object in a region of this node, "
-                   "a descriptor to the consumer, which READs it; auto: region from %d KiB" % (REGION_MIN >> 10))
+    q.add_argument("--via", choices=("auto", "ports", "region", "pool"), default="auto",
+                   help="ports: chunks as messages; region: the object in a new region of this node, "
+                   "a descriptor to the consumer, which READs it; pool: the same through a reused region "
+                   "of this host's hand-off pool (needs the store, --shm-dir); auto: from %d KiB the pool, "
+                   "or a new region without the store or a free slot" % (REGION_MIN >> 10))
     q.add_argument("--shm-dir", help="this node's region store (krfs mount --shm-dir; default /dev/shm/krfs-GID)")
     src(q)
     q = sub.add_parser("tcprecv", help="TCP consumer")
