@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -254,19 +256,96 @@ func TestMountUnmountCyclesLeakNothing(t *testing.T) {
 		}
 	}
 	cycle() // the runtime's own threads and descriptors settle
-	fds, threads := countFDs(t), countThreads(t)
+	fds, threads, heap := countFDs(t), countThreads(t), liveHeap()
 	start := time.Now()
 	for range cycles {
 		cycle()
 	}
 	perCycle := time.Since(start) / time.Duration(cycles)
-	gotFDs, gotThreads := countFDs(t), countThreads(t)
-	t.Logf("%d cycles, %v each; descriptors %d -> %d, threads %d -> %d", cycles, perCycle, fds, gotFDs, threads, gotThreads)
+	gotFDs, gotThreads, gotHeap := countFDs(t), countThreads(t), liveHeap()
+	t.Logf("%d cycles, %v each; descriptors %d -> %d, threads %d -> %d, live heap %d -> %d KiB", cycles, perCycle, fds, gotFDs, threads, gotThreads, heap>>10, gotHeap>>10)
+	// Each mount's ring buffers are 16 MiB of Go memory: one kept per
+	// cycle would add up to gigabytes.
+	if gotHeap > heap+32<<20 {
+		t.Errorf("live heap: %d KiB before, %d KiB after %d cycles", heap>>10, gotHeap>>10, cycles)
+	}
 	if gotFDs != fds {
 		t.Errorf("descriptors: %d before, %d after %d cycles", fds, gotFDs, cycles)
 	}
 	// Idle runtime threads may come and go; a ring's would add up.
 	if gotThreads > threads+4 {
 		t.Errorf("threads: %d before, %d after %d cycles", threads, gotThreads, cycles)
+	}
+}
+
+// liveHeap returns the bytes of Go heap in use after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+// Rule: requests that wait for the rings at mount are all answered. A
+// caller on each CPU stats a file of the mount while it is being made:
+// their requests wait in the kernel until the last queue registered,
+// which then hands them to entries at once, while the entries' threads
+// are still setting up. (A thread that dropped such a completion left
+// its request waiting for good.) Each cycle's callers must finish.
+func TestRequestsWaitingForTheRingsAreServed(t *testing.T) {
+	fusetest.RequireURing(t)
+	cycles := 30
+	if v, err := strconv.Atoi(os.Getenv("KRFS_FUSE_CYCLES")); err == nil && v > 0 {
+		cycles = v
+	}
+	cpus := runtime.NumCPU()
+	for c := range cycles {
+		mnt := t.TempDir()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var served atomic.Int64
+		for cpu := range cpus {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runtime.LockOSThread() // the thread ends with the goroutine
+				var set unix.CPUSet
+				set.Set(cpu)
+				_ = unix.SchedSetaffinity(0, &set)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := os.Stat(filepath.Join(mnt, "fast")); err == nil {
+						served.Add(1)
+					}
+				}
+			}()
+		}
+		srv, err := mount(t, mnt)
+		if err != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatal(err)
+		}
+		// Let every caller finish some requests on the rings.
+		want, deadline := served.Load()+int64(4*cpus), time.Now().Add(20*time.Second)
+		for served.Load() < want && time.Now().Before(deadline) {
+			runtime.Gosched()
+		}
+		close(stop)
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Errorf("cycle %d: a caller's request is still waiting after 20 s (stats %+v)", c, srv.Stats())
+		}
+		if err := srv.Unmount(); err != nil {
+			t.Fatal(err)
+		}
+		<-done
 	}
 }

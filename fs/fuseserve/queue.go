@@ -56,6 +56,7 @@ type queue struct {
 	// retries, entRetries and evRetries count consecutive failures of
 	// io_uring_enter, of an entry's command and of the eventfd read.
 	retries, entRetries, evRetries int
+	early                          []cqe // completions seen during setup, for serve
 	in                             [scratchSize / 8]uint64
 
 	mu      sync.Mutex
@@ -130,18 +131,29 @@ func (q *queue) setup() error {
 	if err := q.r.enter(false); err != nil {
 		return fmt.Errorf("io_uring_enter(register): %w", err)
 	}
-	// A refused registration completes at once.
+	return q.takeSetupCompletions()
+}
+
+// takeSetupCompletions looks at what completed while the entries were
+// registered. A refused registration completes at once and fails the
+// setup. Anything else is kept for serve: once the last queue registered
+// the kernel hands requests to the entries at once (those that waited
+// for the rings, at mount), and the task work that fills an entry runs
+// as this thread returns from io_uring_enter, so a request's completion
+// can already be here. Dropping it would leave that request waiting for
+// good, its entry out of the queue.
+func (q *queue) takeSetupCompletions() error {
 	for {
 		c, ok := q.r.peek()
 		if !ok {
-			break
+			return nil
 		}
 		q.r.advance()
 		if c.userData != eventTag && c.res < 0 {
 			return fmt.Errorf("FUSE_IO_URING_CMD_REGISTER: %w", unix.Errno(-c.res))
 		}
+		q.early = append(q.early, c)
 	}
-	return nil
 }
 
 // command queues a ring command for entry i.
@@ -174,6 +186,11 @@ func (q *queue) armEvent() {
 // are handled: a queue thread that gave up would take its entries with it
 // and leave the requests of its CPU waiting for good.
 func (q *queue) serve() {
+	early := q.early
+	q.early = nil
+	for _, c := range early {
+		q.complete(c)
+	}
 	for q.live > 0 {
 		if err := q.r.enter(true); err != nil {
 			if transientEnter(err) && q.retries < maxRetries {

@@ -79,3 +79,37 @@ func TestEventReadStaysArmed(t *testing.T) {
 		}
 	}
 }
+
+// Rule: a completion that arrives while the entries are registered (the
+// kernel hands a request that waited for the rings to an entry at once,
+// and its task work runs as the thread returns from io_uring_enter) is
+// kept for serve, not dropped with the registration's own; a refused
+// registration still fails the setup. A NOP stands in for the request's
+// completion, a READ of a bad descriptor for a refused registration.
+func TestCompletionDuringSetupIsKept(t *testing.T) {
+	q := testQueue(t)
+	sqe := q.r.sqe()
+	putU8(sqe, 0, 0) // IORING_OP_NOP
+	putU64(sqe, 32, 0)
+	if err := q.r.enter(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.takeSetupCompletions(); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if len(q.early) != 1 || q.early[0].userData != 0 || q.early[0].res != 0 {
+		t.Fatalf("kept %+v, want the entry 0 completion", q.early)
+	}
+
+	q = testQueue(t)
+	sqe = q.r.sqe()
+	putU8(sqe, 0, iouRead)
+	putU32(sqe, 4, ^uint32(0)) // fd -1
+	putU64(sqe, 32, 0)
+	if err := q.r.enter(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.takeSetupCompletions(); err == nil {
+		t.Fatal("a refused registration did not fail the setup")
+	}
+}
