@@ -19,11 +19,13 @@ import (
 // loop that cannot last: the loop reads whatever the kernel queues. Over
 // io_uring a request the kernel queued on a CPU whose entries were all
 // busy is handed out only when one of that queue's entries commits; a
-// queue that lost entries, or a request that reached none, waits for
-// good. The watch logs such a stall once it lasted stallTicks checks
-// (counted in Stats.Stalls) and nudges every CPU's queue: a lookup from a
-// thread on that CPU takes a free entry, and its commit fetches whatever
-// the queue holds.
+// queue that lost entries waits for good, and so does a request whose
+// completion the server dropped (a queue's setup once did: see
+// takeSetupCompletions; the nudge below cannot free that one, an abort
+// through fusectl can). The watch logs a stall once it lasted stallTicks
+// checks (counted in Stats.Stalls) and nudges every CPU's queue: a lookup
+// from a thread on that CPU takes a free entry, and its commit fetches
+// whatever the queue holds.
 
 // stallEvery is how often the watch checks; stallTicks checks in a row
 // make a stall.
