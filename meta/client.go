@@ -190,6 +190,7 @@ type Client struct {
 	// dcReady is closed once it is built.
 	dc      atomic.Pointer[ristretto.Cache[uint32, NodeInfo]]
 	dcReady chan struct{}
+	front   dcFront // entries on their way into dc, once dc is built
 	// inval counts invalidations: a lookup caches what it read only if
 	// no invalidation happened meanwhile.
 	inval atomic.Uint64
@@ -265,6 +266,7 @@ func NewClient(ctx context.Context, dev verbs.Device, cfg ClientConfig) (*Client
 		c.servers = append(c.servers, &server{addr: a, dialing: make(chan struct{}, 1)})
 	}
 	c.dcReady = make(chan struct{})
+	c.front.max = int(min(frontMax, cfg.CacheEntries))
 	if cfg.CacheEntries > 0 {
 		c.wg.Add(1)
 		go c.buildDCCache()

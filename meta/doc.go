@@ -321,6 +321,15 @@
 // cache is full, is sized for 4,096 entries whatever CacheEntries says:
 // sized for 64 Ki it made a fresh process's NewClient 2-3x slower.
 //
+// Ristretto applies each Set and Del on its own goroutine, which an idle
+// cache must wake: a thread woken on another CPU in the middle of every
+// cold connect. So an entry read from a server first goes to a small map
+// in front of ristretto (dcfront.go; lookups look there first) and moves
+// into ristretto with 63 others; until an entry has moved, Invalidate does
+// not touch ristretto. A process that looks up a few peers never wakes
+// ristretto's goroutine (cold connect + first READ across a veth: 3.1
+// futex calls per connect before, 0.07 after).
+//
 // # Concurrency
 //
 // Server: one goroutine owns the registry and all posting; regMu lets
@@ -347,5 +356,6 @@
 // conn.go (one connection: operation slots, completions, the adaptive ACK
 // timeout), reconnect.go (backoff), failover.go (running an operation on
 // the servers in turn), lookup.go and connread.go (lookups and listing),
+// dcfront.go (the DCCache's front),
 // agent.go (registration and heartbeats).
 package meta

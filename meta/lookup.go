@@ -14,10 +14,8 @@ import (
 // going on to the others if a server fails or does not know gid.
 func (c *Client) Lookup(ctx context.Context, gid uint32) (NodeInfo, error) {
 	c.st.lookups.Add(1)
-	if dc := c.dc.Load(); dc != nil {
-		if n, ok := dc.Get(gid); ok {
-			return n, nil
-		}
+	if n, ok := c.cached(gid); ok {
+		return n, nil
 	}
 	c.st.misses.Add(1)
 	n, err := c.fetch(ctx, gid)
@@ -97,7 +95,9 @@ func (c *Client) store(n NodeInfo, epoch uint64) {
 		return
 	}
 	if dc := c.dc.Load(); dc != nil {
-		dc.SetWithTTL(n.GID, n, 1, c.cfg.CacheTTL)
+		if out := c.front.put(n, epoch, c.cfg.CacheTTL); out != nil {
+			flush(dc, out, c.inval.Load())
+		}
 	} else if c.cfg.CacheEntries > 0 {
 		c.st.uncached.Add(1)
 	}
@@ -165,11 +165,9 @@ func (c *Client) LookupMany(ctx context.Context, gids []uint32) (map[uint32]Node
 	var miss []uint32
 	for _, g := range gids {
 		c.st.lookups.Add(1)
-		if dc := c.dc.Load(); dc != nil {
-			if n, ok := dc.Get(g); ok {
-				out[g] = n
-				continue
-			}
+		if n, ok := c.cached(g); ok {
+			out[g] = n
+			continue
 		}
 		c.st.misses.Add(1)
 		miss = append(miss, g)
@@ -248,9 +246,22 @@ func (c *Client) list(ctx context.Context) ([]NodeInfo, error) {
 func (c *Client) Invalidate(gid uint32) {
 	c.inval.Add(1)
 	c.st.inval.Add(1)
-	if dc := c.dc.Load(); dc != nil {
+	c.front.del(gid)
+	if dc := c.dc.Load(); dc != nil && c.front.flushed.Load() {
 		dc.Del(gid)
 	}
+}
+
+// cached returns gid's entry from the DCCache (its front, then ristretto).
+func (c *Client) cached(gid uint32) (NodeInfo, bool) {
+	dc := c.dc.Load()
+	if dc == nil {
+		return NodeInfo{}, false
+	}
+	if n, ok := c.front.get(gid); ok {
+		return n, true
+	}
+	return dc.Get(gid)
 }
 
 // Stale is the data path's hook: failed is the metadata a work request
