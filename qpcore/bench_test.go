@@ -91,7 +91,7 @@ func (r *readResolver) set(info meta.NodeInfo) {
 // read is one synchronous 64-byte READ of entry gid.
 func (r *readResolver) read(ctx context.Context, gid uint32) error {
 	if err := r.qp.PostSend([]verbs.SendWR{{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled,
-		Local: verbs.SGE{MR: r.mr, Length: metaEntry}, RemoteAddr: uint64(gid) * metaEntry, RKey: r.tmr.RKey()}}); err != nil {
+		Local: verbs.SGE{MR: r.mr, Length: metaEntry}, RemoteAddr: r.tmr.IOVA() + uint64(gid)*metaEntry, RKey: r.tmr.RKey()}}); err != nil {
 		return err
 	}
 	var wc [1]verbs.WC
