@@ -88,7 +88,7 @@ cleanup() {
 		KRFS_NS=kbench KRFS_DIR=$MNT/cluster scripts/cluster.sh down >/dev/null 2>&1 || true
 		CLUSTER_UP=
 	fi
-	if [[ -n $CAT_PID ]]; then kill "$CAT_PID" 2>/dev/null || true; fi
+	if [[ -n $CAT_PID ]]; then kill -- "-$CAT_PID" 2>/dev/null || kill "$CAT_PID" 2>/dev/null || true; fi
 	if [[ -n $MOUNT_PID ]]; then
 		kill "$MOUNT_PID" 2>/dev/null || true
 		for _ in $(seq 50); do kill -0 "$MOUNT_PID" 2>/dev/null || break; sleep 0.1; done
@@ -144,9 +144,12 @@ elif [[ $(id -u) == 0 && -c /dev/fuse ]]; then
 		kb api_connect connect -n $CONN_N --baseline "${API[@]}"
 		kb fuse_connect connect -n $CONN_N --baseline "${FILE[@]}"
 		kb api_meta_lookup meta_lookup -n $CONN_N "${API[@]}"
-		# SEND: a reader drains port 7 of the node (each read is one message).
+		# SEND: a reader drains port 7 of the node (each read is one
+		# message). A port reads as end of file once its queue is empty, so
+		# cat exits then: read again until the port goes away. setsid: the
+		# loop and its cat are one process group, killed together.
 		if touch "$MNT/mnt/ports/7"; then
-			cat "$MNT/mnt/ports/7" >/dev/null 2>&1 &
+			setsid bash -c 'while cat "$1"; do :; done' drain "$MNT/mnt/ports/7" >/dev/null 2>&1 &
 			CAT_PID=$!
 			kb api_send_lat send_lat -s 64 -n $LAT_N --port 7 --baseline "${API[@]}"
 			kb fuse_send_lat send_lat -s 64 -n $LAT_N --baseline --path "$MNT/mnt/peers/$GID/ports/7"
