@@ -224,9 +224,12 @@ func lingerLapse(t *testing.T, op wire.Opcode, miss bool) {
 		driveHeld(t, l, c, peer, i)
 		pkt := hdr(op, wire.FlagFirst|wire.FlagLast, uint32(i+1))
 		// Hold the token's lock so that the linger cannot lapse before
-		// the datagram is queued.
+		// the datagram is queued. The datagram must find nobody
+		// receiving: not the set (armed), and not the receive goroutine
+		// blocked in recvmsg with the token (its blocking mode, which a
+		// loaded machine can bring back before this goroutine looks).
 		l.tok.mu.Lock()
-		if l.tok.armed {
+		if l.tok.armed || l.tok.holder != tokFree {
 			l.tok.mu.Unlock()
 			driveOne(t, l, c, peer, i+1) // keep the psns in step
 			continue
