@@ -122,6 +122,95 @@ func (v *VQP) Read(ctx context.Context, dst []byte, region string, off uint64) e
 	return err
 }
 
+// PendingRead is a READ that ReadStart posted. Its response lands in the
+// destination buffer, which belongs to the NIC until Wait returns.
+type PendingRead struct {
+	v      *VQP
+	o      *op
+	err    error
+	waited bool
+	taken  bool // Await received the op's done signal (a device that cannot be driven)
+}
+
+// ReadStart posts a READ of len(dst) bytes at off of the peer's region, as
+// Read does, and returns without waiting for it: a caller with more work
+// (a FUSE ring thread with other requests) waits for it later, and READs
+// started back to back leave together. Wait must be called exactly once
+// for every READ started; dst must not be touched before it returns.
+func (v *VQP) ReadStart(ctx context.Context, dst []byte, region string, off uint64) (*PendingRead, error) {
+	if err := v.admit(ctx, 1, true); err != nil {
+		return nil, err
+	}
+	wr := WR{Op: OpRead, Local: dst, Region: region, Offset: off}
+	o, err := v.n.post(ctx, v, &wr)
+	if err != nil {
+		v.release(1)
+		return nil, err
+	}
+	return &PendingRead{v: v, o: o}, nil
+}
+
+// Ready reports whether Wait would return at once: the READ has completed.
+// It does not receive; a response still in the socket is not ready.
+func (p *PendingRead) Ready() bool {
+	return p.waited || p.o.fin.Load() != finPending
+}
+
+// Await waits at most d for the READ, receiving on the caller's thread as
+// Wait does, and reports whether it completed (Wait then returns at once).
+// It never withdraws the READ: a caller that also serves other work (a
+// FUSE ring thread) awaits in slices and looks at that work in between.
+func (p *PendingRead) Await(d time.Duration) bool {
+	if p.Ready() {
+		return true
+	}
+	n, o := p.v.n, p.o
+	if n.dscq != nil {
+		ready := o.ready
+		if ready == nil {
+			ready = func() bool { return n.opReady(o) }
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		_ = n.dscq.Drive(ctx, o.done, ready)
+		cancel()
+		return p.Ready()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.done:
+			p.taken = true
+			return true
+		case <-n.scq.Notify():
+			n.pollSend(1)
+			if p.Ready() {
+				return true
+			}
+		case <-t.C:
+			return p.Ready()
+		}
+	}
+}
+
+// Wait waits for the READ, receiving on the caller's thread as Read does
+// (ctx ends the wait only for a READ not yet posted: once posted, the
+// transport's timeouts bound it), and returns its error. Later calls
+// return the same error.
+func (p *PendingRead) Wait(ctx context.Context) error {
+	if p.waited {
+		return p.err
+	}
+	if !p.taken {
+		p.v.n.wait(ctx, p.o)
+	}
+	p.err = p.o.err
+	p.v.release(1)
+	p.v.n.recycle(p.o)
+	p.o, p.waited = nil, true
+	return p.err
+}
+
 // Write writes src at off of the peer's region, sent from src itself.
 func (v *VQP) Write(ctx context.Context, src []byte, region string, off uint64) error {
 	_, err := v.do(ctx, WR{Op: OpWrite, Local: src, Region: region, Offset: off})
