@@ -25,6 +25,7 @@ import (
 //	CapacityReporter  Backend          statfs reports the regions' sizes only
 //	FreshConn         Conn             the directory is read with Regions every time
 //	SizeConn          Conn             an open reads the peer's directory
+//	ReadStarter       Conn             a READ holds its FUSE ring thread until it completes
 //	StreamPort        Port             a message whose reader gave up is lost; ports/<port> has size 0
 
 // BufferRegistrar is implemented by a backend whose transfers are cheaper
@@ -47,6 +48,28 @@ type BufferRegistrar interface {
 type MemoryRegistrar interface {
 	RegisterMemory(b []byte) error
 	UnregisterMemory(b []byte) error
+}
+
+// ReadStarter is a Conn that can post a READ and return before its
+// response is there (node's VQPs). A READ whose destination is a FUSE ring
+// entry's buffer then leaves the ring's thread free to serve its other
+// entries while the READ is on the wire (fuseserve.PendingRead).
+type ReadStarter interface {
+	// ReadStart posts a READ of len(p) bytes at off of the region into
+	// p; p belongs to the NIC until the PendingRead's Wait returns, which
+	// must be called exactly once.
+	ReadStart(ctx context.Context, region string, p []byte, off int64) (StartedRead, error)
+}
+
+// StartedRead is a READ that ReadStart posted.
+type StartedRead interface {
+	// Ready reports whether Wait would return at once.
+	Ready() bool
+	// Await waits at most d for the READ and reports whether it is
+	// done; it never gives the READ up.
+	Await(d time.Duration) bool
+	// Wait waits for the READ and returns len(p) or its error.
+	Wait(ctx context.Context) (int, error)
 }
 
 // CapacityReporter is implemented by a backend that knows how much memory

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/krfs/krfs/fs"
 )
@@ -37,6 +38,7 @@ type fakeBackend struct {
 	// rkey after a restart; Regions calls counts directory reads.
 	stale    int
 	dirReads int
+	started  int // ReadStart calls
 	// staleDir makes that many next directory reads fail with EIO (a
 	// peer back from a restart refusing its old directory key).
 	staleDir int
@@ -287,6 +289,42 @@ func (c *fakeConn) ReadAt(ctx context.Context, region string, p []byte, off int6
 		return fault(false, p, off, r.ReadAt)
 	}
 	return r.ReadAt(p, off)
+}
+
+// ReadStart makes the fake a fs.ReadStarter: the READ happens, and fails
+// if it does, when it is waited for, as a NIC's error comes with the
+// completion.
+func (c *fakeConn) ReadStart(ctx context.Context, region string, p []byte, off int64) (fs.StartedRead, error) {
+	c.f.mu.Lock()
+	c.f.started++
+	c.f.mu.Unlock()
+	return &fakeStarted{c: c, region: region, p: p, off: off}, nil
+}
+
+type fakeStarted struct {
+	c      *fakeConn
+	region string
+	p      []byte
+	off    int64
+	done   bool
+	n      int
+	err    error
+}
+
+func (s *fakeStarted) Ready() bool { return s.done }
+
+// Await performs the READ: it completes at once.
+func (s *fakeStarted) Await(time.Duration) bool {
+	if !s.done {
+		s.n, s.err = s.c.ReadAt(context.Background(), s.region, s.p, s.off)
+		s.done = true
+	}
+	return true
+}
+
+func (s *fakeStarted) Wait(ctx context.Context) (int, error) {
+	s.Await(0)
+	return s.n, s.err
 }
 
 func (c *fakeConn) WriteAt(ctx context.Context, region string, p []byte, off int64) (int, error) {

@@ -650,6 +650,21 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 				return false
 			}
 		}
+		if rs, ok := h.conn.(ReadStarter); ok && try == 0 && f.m.inReply(dest[:n]) {
+			// A FUSE ring entry's buffer: post the READ and let the
+			// ring's thread serve its other entries until it is done.
+			sr, err := rs.ReadStart(c, f.region, dest[:n], off)
+			switch {
+			case err == nil:
+				res, e = &startedReply{f: f, h: h, ctx: c, sr: sr, dest: dest, n: int(n), off: off}, 0
+				return false
+			case staleErr(err):
+				return true
+			case !errors.Is(err, errors.ErrUnsupported):
+				res, e = nil, errno(err)
+				return false
+			}
+		}
 		got, err := h.conn.ReadAt(c, f.region, dest[:n], off)
 		if try == 0 && staleErr(err) {
 			return true
@@ -661,6 +676,70 @@ func (f *remoteFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, 
 		return nil, errno(rerr)
 	}
 	return res, e
+}
+
+// startedReply is the reply to a READ into a FUSE ring entry's buffer
+// that was posted and not waited for (a fuseserve.PendingRead): the
+// ring's thread serves its other entries meanwhile, and takes the bytes
+// with Bytes once Ready (Bytes and Done wait for them otherwise). Only
+// that thread calls its methods.
+type startedReply struct {
+	f    *remoteFile
+	h    *remoteHandle
+	ctx  context.Context
+	sr   StartedRead
+	dest []byte // the reply buffer; the READ fills dest[:n]
+	n    int
+	off  int64
+
+	done bool
+	data []byte
+	st   fuse.Status
+}
+
+func (r *startedReply) Ready() bool { return r.done || r.sr.Ready() }
+
+func (r *startedReply) Await(d time.Duration) bool { return r.done || r.sr.Await(d) }
+
+func (r *startedReply) Size() int { return r.n }
+
+func (r *startedReply) Bytes([]byte) ([]byte, fuse.Status) {
+	r.finish()
+	return r.data, r.st
+}
+
+// Done waits for the READ if Bytes did not: the NIC must be done with the
+// entry's buffer before the entry serves another request.
+func (r *startedReply) Done() { r.finish() }
+
+func (r *startedReply) finish() {
+	if r.done {
+		return
+	}
+	r.done = true
+	got, err := r.sr.Wait(r.ctx)
+	if staleErr(err) {
+		// The region changed under the handle (retryStale's rule): read
+		// its directory again and read once more, waiting this time.
+		if rerr := r.h.refresh(r.ctx, r.f.region, 0); rerr != nil {
+			r.st = fuse.ToStatus(errno(rerr))
+			return
+		}
+		if r.off >= r.h.size.Load() {
+			r.st = fuse.OK // the region shrank below off
+			return
+		}
+		r.n = int(min(int64(len(r.dest)), r.h.size.Load()-r.off))
+		got, err = r.h.conn.ReadAt(r.ctx, r.f.region, r.dest[:r.n], r.off)
+	}
+	switch {
+	case err != nil:
+		r.st = fuse.ToStatus(errno(err))
+	case got != r.n:
+		r.st = fuse.EIO
+	default:
+		r.data, r.st = r.dest[:got], fuse.OK
+	}
 }
 
 func (f *remoteFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {

@@ -635,6 +635,34 @@ func (c *vqpConn) ReadAt(ctx context.Context, name string, p []byte, off int64) 
 	return len(p), nil
 }
 
+var _ fs.ReadStarter = (*vqpConn)(nil)
+
+// ReadStart implements fs.ReadStarter.
+func (c *vqpConn) ReadStart(ctx context.Context, name string, p []byte, off int64) (fs.StartedRead, error) {
+	pr, err := c.v.ReadStart(ctx, p, name, uint64(off))
+	if err != nil {
+		return nil, err
+	}
+	return &startedRead{p: pr, n: len(p)}, nil
+}
+
+// startedRead is a qpcore.PendingRead as an fs.StartedRead.
+type startedRead struct {
+	p *qpcore.PendingRead
+	n int
+}
+
+func (r *startedRead) Ready() bool { return r.p.Ready() }
+
+func (r *startedRead) Await(d time.Duration) bool { return r.p.Await(d) }
+
+func (r *startedRead) Wait(ctx context.Context) (int, error) {
+	if err := r.p.Wait(ctx); err != nil {
+		return 0, err
+	}
+	return r.n, nil
+}
+
 func (c *vqpConn) WriteAt(ctx context.Context, name string, p []byte, off int64) (int, error) {
 	if err := c.v.Write(ctx, p, name, uint64(off)); err != nil {
 		return 0, err

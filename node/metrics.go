@@ -176,6 +176,33 @@ func (c *meteredConn) ReadAt(ctx context.Context, region string, p []byte, off i
 	return n, err
 }
 
+// ReadStart implements fs.ReadStarter; the READ is observed when waited for.
+func (c *meteredConn) ReadStart(ctx context.Context, region string, p []byte, off int64) (fs.StartedRead, error) {
+	rs, ok := c.Conn.(fs.ReadStarter)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	start := time.Now()
+	r, err := rs.ReadStart(ctx, region, p, off)
+	if err != nil {
+		c.m.observe("read", c.Conn, start, 0, err)
+		return nil, err
+	}
+	return &meteredRead{StartedRead: r, c: c, start: start}, nil
+}
+
+type meteredRead struct {
+	fs.StartedRead
+	c     *meteredConn
+	start time.Time
+}
+
+func (r *meteredRead) Wait(ctx context.Context) (int, error) {
+	n, err := r.StartedRead.Wait(ctx)
+	r.c.m.observe("read", r.c.Conn, r.start, n, err)
+	return n, err
+}
+
 func (c *meteredConn) WriteAt(ctx context.Context, region string, p []byte, off int64) (int, error) {
 	start := time.Now()
 	n, err := c.Conn.WriteAt(ctx, region, p, off)
