@@ -54,6 +54,9 @@ type Options struct {
 	// RingBytes bounds the io_uring entries' payload buffers (0:
 	// fuseserve.DefaultRingBytes; see fuseserve.Options.RingBytes).
 	RingBytes int
+	// RingEntriesPerThread is how many of a CPU's ring entries one thread
+	// serves (0 or 1: one; see fuseserve.Options.EntriesPerThread).
+	RingEntriesPerThread int
 	// Poll makes krfs's own server (TransportURing, and TransportAuto
 	// when the kernel offers io_uring) answer FUSE_POLL, so that poll,
 	// select and epoll wait for a port's messages (go-fuse's server,
@@ -216,7 +219,7 @@ func Mount(dir string, b Backend, o Options) (*Server, error) {
 		}
 		fo := fuseserve.Options{
 			Name: o.Name, FsName: "krfs", AllowOther: o.AllowOther, DefaultPermissions: o.DefaultPermissions,
-			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes,
+			MountOptions: o.MountOptions, MaxWrite: MaxIO, Mode: mode, RingBytes: o.RingBytes, EntriesPerThread: o.RingEntriesPerThread,
 			Notifier: notifier, Logf: o.Logf,
 		}
 		if _, ok := b.(MemoryRegistrar); ok {

@@ -3,6 +3,7 @@ package fuseserve
 import (
 	"bytes"
 	"reflect"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -109,6 +110,11 @@ type request struct {
 	// payload.
 	out    []byte
 	cancel <-chan struct{}
+	// mayDefer lets a READ whose result is a PendingRead return before
+	// its data is there: dispatch leaves it in pending (a ring thread
+	// with more entries serves them meanwhile).
+	mayDefer bool
+	pending  fuse.ReadResult
 }
 
 func (r *request) header() *fuse.InHeader { return (*fuse.InHeader)(unsafe.Pointer(r.in)) }
@@ -134,6 +140,40 @@ func cstring(b []byte) (string, []byte) {
 // counters counts what dispatch does that costs more than it should.
 type counters interface {
 	fallbackCopy(n int)
+}
+
+// PendingRead is a fuse.ReadResult whose data is still on its way (a
+// one-sided READ posted and not yet complete): Ready reports that Bytes
+// would not wait. A ring thread with several entries keeps serving its
+// ring while such READs are in flight and replies to each once it is
+// Ready (or waits in Bytes when it has nothing else to do). Done must
+// still be called: it waits for the data if Bytes did not.
+type PendingRead interface {
+	fuse.ReadResult
+	Ready() bool
+	// Await waits at most d for the data and reports whether it is there.
+	Await(d time.Duration) bool
+}
+
+// readReply puts a READ's result in dest and returns the reply's length
+// and status; it calls res.Done.
+func readReply(res fuse.ReadResult, st fuse.Status, dest []byte, c counters) (int, fuse.Status) {
+	defer res.Done()
+	if st != fuse.OK {
+		return 0, st
+	}
+	data, st := res.Bytes(dest)
+	if st != fuse.OK {
+		return 0, st
+	}
+	if len(data) > len(dest) {
+		return 0, fuse.EIO
+	}
+	if len(data) > 0 && &data[0] != &dest[0] {
+		copy(dest, data) // the data did not land in the reply buffer
+		c.fallbackCopy(len(data))
+	}
+	return len(data), fuse.OK
 }
 
 // dispatch serves one request with fs and returns the length of the
@@ -226,22 +266,12 @@ func dispatch(fs fuse.RawFileSystem, r *request, c counters) (n int, st fuse.Sta
 		if res == nil {
 			return 0, st, false
 		}
-		defer res.Done()
-		if st != fuse.OK {
-			return 0, st, false
+		if _, ok := res.(PendingRead); ok && r.mayDefer && st == fuse.OK {
+			r.pending = res
+			return 0, fuse.OK, false
 		}
-		data, st := res.Bytes(dest)
-		if st != fuse.OK {
-			return 0, st, false
-		}
-		if len(data) > len(dest) {
-			return 0, fuse.EIO, false
-		}
-		if len(data) > 0 && &data[0] != &dest[0] {
-			copy(dest, data) // the data did not land in the reply buffer
-			c.fallbackCopy(len(data))
-		}
-		return len(data), fuse.OK, false
+		n, st := readReply(res, st, dest, c)
+		return n, st, false
 	case opWrite:
 		in := (*fuse.WriteIn)(r.arg())
 		if int(in.Size) > len(r.payload) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -58,10 +59,21 @@ type queue struct {
 	retries, entRetries, evRetries int
 	early                          []cqe // completions seen during setup, for serve
 	in                             [scratchSize / 8]uint64
+	// pend holds the READs this thread started and has not answered
+	// (PendingRead), oldest first: it serves its other entries meanwhile.
+	pend []pendingRead
 
 	mu      sync.Mutex
 	done    []completion // answered off the thread, to commit
 	pending sync.WaitGroup
+}
+
+// pendingRead is a READ in entry ent whose data is on its way.
+type pendingRead struct {
+	ent    int
+	unique uint64
+	res    fuse.ReadResult
+	dest   []byte
 }
 
 // completion is the answer to a request served off the ring's thread.
@@ -192,30 +204,89 @@ func (q *queue) serve() {
 		q.complete(c)
 	}
 	for q.live > 0 {
-		if err := q.r.enter(true); err != nil {
+		// With READs in flight, do not sleep in the ring: answer those
+		// that are done, take what arrived, and with nothing else to do
+		// wait for the oldest READ (which receives the others' responses
+		// too).
+		wait := true
+		if len(q.pend) > 0 {
+			q.answerReady()
+			wait = len(q.pend) == 0
+		}
+		if err := q.r.enter(wait); err != nil {
 			if transientEnter(err) && q.retries < maxRetries {
 				q.retries++
 				q.reap()
 				continue
 			}
 			q.s.logf("FUSE ring queue %d: io_uring_enter: %v", q.qid, err)
+			q.answerAll()
 			return
 		}
 		q.retries = 0
-		q.reap()
+		if q.reap() == 0 && !wait {
+			// Nothing new: wait for the oldest READ, in slices, so that a
+			// slow one (a peer that went silent) does not hold up the
+			// requests that arrive meanwhile for more than a slice.
+			q.pend[0].res.(PendingRead).Await(awaitSlice)
+		}
 	}
+	q.answerAll()
 }
 
-// reap handles every completion the ring holds.
-func (q *queue) reap() {
+// reap handles every completion the ring holds and returns how many.
+func (q *queue) reap() int {
+	k := 0
 	for {
 		c, ok := q.r.peek()
 		if !ok {
-			return
+			return k
 		}
 		q.r.advance()
 		q.complete(c)
+		k++
 	}
+}
+
+// awaitSlice bounds how long a ring thread waits for one of its READs
+// before it looks at its ring again.
+const awaitSlice = time.Millisecond
+
+// answerReady answers the pending READs whose data is there.
+func (q *queue) answerReady() {
+	k := 0
+	for _, p := range q.pend {
+		if p.res.(PendingRead).Ready() {
+			q.answer(p)
+			continue
+		}
+		q.pend[k] = p
+		k++
+	}
+	clear(q.pend[k:])
+	q.pend = q.pend[:k]
+}
+
+// answerOldest waits for the oldest pending READ and answers it.
+func (q *queue) answerOldest() {
+	p := q.pend[0]
+	copy(q.pend, q.pend[1:])
+	q.pend[len(q.pend)-1] = pendingRead{}
+	q.pend = q.pend[:len(q.pend)-1]
+	q.answer(p)
+}
+
+// answerAll waits for every pending READ (the mount is going: the NIC
+// must be done with the entries' buffers) and answers them.
+func (q *queue) answerAll() {
+	for len(q.pend) > 0 {
+		q.answerOldest()
+	}
+}
+
+func (q *queue) answer(p pendingRead) {
+	n, st := readReply(p.res, fuse.OK, p.dest, q.s)
+	q.commit(p.ent, p.unique, st, n)
 }
 
 // maxRetries bounds the consecutive failures a queue thread survives (of
@@ -288,7 +359,14 @@ func (q *queue) complete(c cqe) {
 		q.async(i, r)
 		return
 	}
+	r.mayDefer = q.n > 1
 	n, st := q.s.serve(&r)
+	if r.pending != nil {
+		in := (*fuse.ReadIn)(r.arg())
+		q.pend = append(q.pend, pendingRead{ent: i, unique: unique, res: r.pending, dest: r.out[:in.Size]})
+		q.s.ringPending.Add(1)
+		return
+	}
 	q.commit(i, unique, st, n)
 }
 

@@ -57,6 +57,13 @@ type Options struct {
 	// payload) entries, at least MinEntriesPerQueue and at most
 	// MaxEntriesPerQueue (default DefaultRingBytes).
 	RingBytes int
+	// EntriesPerThread is how many of a queue's entries one ring thread
+	// serves (0 or 1: one; at most the queue's). A thread with one entry
+	// serves one request at a time, so a handler that blocks holds up
+	// nothing else; one with several keeps serving while READs it started
+	// are on the wire (PendingRead), but a handler that blocks holds up
+	// the thread's other entries.
+	EntriesPerThread int
 	// Notifier, if set, sends the file system's notifications to the
 	// kernel once mounted.
 	Notifier *Notifier
@@ -84,11 +91,13 @@ type Stats struct {
 	EntriesPerQueue int `json:"entries_per_queue"`
 	// DevRequests came through /dev/fuse; RingRequests through the
 	// rings, RingAsync of them served off the ring's thread (requests
-	// that may block, like a port read). go-fuse's server (the dev
-	// transport) counts none.
+	// that may block, like a port read), RingPending of them READs
+	// answered after their thread served other entries (PendingRead).
+	// go-fuse's server (the dev transport) counts none.
 	DevRequests  uint64 `json:"dev_requests"`
 	RingRequests uint64 `json:"ring_requests"`
 	RingAsync    uint64 `json:"ring_async"`
+	RingPending  uint64 `json:"ring_pending"`
 	// FallbackCopies counts READ replies whose data did not land in the
 	// reply buffer and was copied there; FallbackBytes their bytes.
 	FallbackCopies uint64 `json:"fallback_copies"`
@@ -121,8 +130,8 @@ type Server struct {
 	done     chan struct{}
 	stop     chan struct{} // closed when the /dev/fuse loop ends: the mount is gone
 
-	devReqs, ringReqs, ringAsync, fbCopies, fbBytes, ringReregistered, stalls atomic.Uint64
-	inService                                                                 atomic.Int64 // requests taken and not yet answered
+	devReqs, ringReqs, ringAsync, ringPending, fbCopies, fbBytes, ringReregistered, stalls atomic.Uint64
+	inService                                                                              atomic.Int64 // requests taken and not yet answered
 
 	mu      sync.Mutex
 	streams map[uint64]bool          // file handles whose I/O may block
@@ -609,7 +618,7 @@ func (s *Server) cancelAll() {
 // Stats returns what the server did so far.
 func (s *Server) Stats() Stats {
 	st := Stats{Transport: "dev", Why: s.why, DevRequests: s.devReqs.Load(), RingRequests: s.ringReqs.Load(),
-		RingAsync: s.ringAsync.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load(),
+		RingAsync: s.ringAsync.Load(), RingPending: s.ringPending.Load(), FallbackCopies: s.fbCopies.Load(), FallbackBytes: s.fbBytes.Load(),
 		RingReregistered: s.ringReregistered.Load(), Stalls: s.stalls.Load()}
 	if s.uring && len(s.queues) > 0 {
 		st.Transport, st.Why = "io_uring", ""
@@ -740,10 +749,13 @@ func (s *Server) startQueues() error {
 	}
 	ready := make(chan error, cpus*s.entries)
 	var qs []*queue
+	ept := min(max(s.o.EntriesPerThread, 1), s.entries)
+	k := 0
 	for cpu := range cpus {
-		for range s.entries {
-			k := len(qs)
-			q := &queue{s: s, qid: cpu, n: 1, pays: s.slab[k*s.payload : (k+1)*s.payload : (k+1)*s.payload]}
+		for e := 0; e < s.entries; e += ept {
+			n := min(ept, s.entries-e)
+			q := &queue{s: s, qid: cpu, n: n, pays: s.slab[k*s.payload : (k+n)*s.payload : (k+n)*s.payload]}
+			k += n
 			qs = append(qs, q)
 			s.wg.Add(1)
 			go q.run(ready)
