@@ -35,7 +35,7 @@ func TestFuseStatsInStatsAndMetrics(t *testing.T) {
 	}
 
 	d.SetFuseStats(func() fs.FuseStats {
-		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2, FallbackCopies: 1, RingReregistered: 4, Stalls: 1}
+		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2, RingPending: 30, FallbackCopies: 1, RingReregistered: 4, Stalls: 1}
 	})
 	m := scrape(t, url)
 	for k, want := range map[string]float64{
@@ -46,6 +46,7 @@ func TestFuseStatsInStatsAndMetrics(t *testing.T) {
 		`krfs_fuse_requests_total{path="dev"}`:             3,
 		`krfs_fuse_requests_total{path="ring"}`:            38,
 		`krfs_fuse_requests_total{path="ring_async"}`:      2,
+		`krfs_fuse_ring_pending_total`:                     30,
 		`krfs_fuse_fallback_copies_total`:                  1,
 		`krfs_fuse_ring_reregistered_total`:                4,
 		`krfs_fuse_stalls_total`:                           1,

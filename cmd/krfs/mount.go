@@ -40,6 +40,7 @@ type mountFlags struct {
 	rcCap       int
 	debugFUSE   bool
 	transport   string // --fuse-transport
+	ringBatch   int    // --fuse-ring-batch
 	metricsAddr string
 	daemon      bool
 	logFile     string
@@ -71,6 +72,7 @@ func (f *mountFlags) register(set *pflag.FlagSet) {
 	set.IntVar(&f.dcis, "dcis", 0, "DCI pool size (0: qpcore's default)")
 	set.IntVar(&f.rcCap, "rc-cap", 0, "most RC QPs this node opens (0: qpcore's default)")
 	set.BoolVar(&f.debugFUSE, "debug-fuse", false, "log every FUSE request")
+	set.IntVar(&f.ringBatch, "fuse-ring-batch", 1, "FUSE over io_uring: the ring entries of a CPU one thread serves, 1-8. 1: a thread per entry, so a request that waits (a WRITE to a silent peer) holds up nothing else. More: a thread keeps serving while the READs it posted are on the wire (about twice the rate of many small concurrent reads), but a request that waits holds up the thread's other entries; see docs/operations.md")
 	set.StringVar(&f.transport, "fuse-transport", fs.TransportAuto, "how FUSE requests reach krfs: auto (FUSE over io_uring when the kernel offers it, else /dev/fuse, saying why once; the default), uring (io_uring or fail) or dev (go-fuse's /dev/fuse loop); see docs/operations.md")
 	set.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this HOST:PORT at /metrics (empty: off)")
 	set.BoolVar(&f.daemon, "daemon", false, "detach: run in the background and return once the mount is up (without it krfs mount stays in the foreground until unmounted or interrupted)")
@@ -242,7 +244,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, mnt string, orig []string, stdo
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	srv, err := fs.Mount(mnt, be, fs.Options{AllowOther: f.allowOther, DefaultPermissions: f.defaultPerm, MaxRegionSize: f.limits.maxRegionSize,
-		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts, Transport: f.transport,
+		Timeout: f.timeout + time.Second, Debug: f.debugFUSE, Logf: log.Warnf, MountOptions: f.fuseOpts, Transport: f.transport, RingEntriesPerThread: f.ringBatch,
 		Poll: true}) // the daemon opens no file of its own mount (fs.Options.Poll)
 	if err != nil {
 		n.CloseAndDiscard() // a failed mount leaves no region directory behind

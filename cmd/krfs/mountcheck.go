@@ -77,6 +77,9 @@ func (f *mountFlags) validate() (mem int64, backend nic.Backend, err error) {
 	if !slices.Contains(fs.Transports, f.transport) {
 		return 0, backend, fmt.Errorf("%w: --fuse-transport %q: want one of %s", errUsage, f.transport, strings.Join(fs.Transports, ", "))
 	}
+	if f.ringBatch < 1 || f.ringBatch > fuseserve.MaxEntriesPerQueue {
+		return 0, backend, fmt.Errorf("%w: --fuse-ring-batch %d: want 1 to %d", errUsage, f.ringBatch, fuseserve.MaxEntriesPerQueue)
+	}
 	if f.transport == fs.TransportURing {
 		if ok, why := fuseserve.KernelOffersURing(); !ok {
 			return 0, backend, fmt.Errorf("--fuse-transport uring: %s", why)

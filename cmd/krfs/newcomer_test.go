@@ -27,6 +27,8 @@ func TestMountFlagsCheckedBeforeDaemonizing(t *testing.T) {
 		{"--backend=frob", "--backend"},
 		{"--log-level=loud", "--log-level"},
 		{"--encrypt", "--encrypt needs --cluster-key-file"},
+		{"--fuse-ring-batch=0", "--fuse-ring-batch 0: want 1 to 8"},
+		{"--fuse-ring-batch=9", "--fuse-ring-batch 9: want 1 to 8"},
 	} {
 		for _, daemon := range []bool{false, true} {
 			args := []string{"krfs", "mount", mnt, c.flag, "--shm-dir", filepath.Join(t.TempDir(), "s")}

@@ -92,8 +92,8 @@ func runRes(mnt, what string, asJSON bool, stdout io.Writer) error {
 		}
 	case "fuse":
 		if f := st.Fuse; f != nil {
-			fmt.Fprintf(stdout, "transport %s queues %d entries-per-queue %d dev-requests %d ring-requests %d ring-async %d fallback-copies %d\n",
-				f.Transport, f.Queues, f.EntriesPerQueue, f.DevRequests, f.RingRequests, f.RingAsync, f.FallbackCopies)
+			fmt.Fprintf(stdout, "transport %s queues %d entries-per-queue %d dev-requests %d ring-requests %d ring-async %d ring-pending %d fallback-copies %d\n",
+				f.Transport, f.Queues, f.EntriesPerQueue, f.DevRequests, f.RingRequests, f.RingAsync, f.RingPending, f.FallbackCopies)
 			if f.Why != "" {
 				fmt.Fprintf(stdout, "why-not-io_uring %s\n", f.Why)
 			}

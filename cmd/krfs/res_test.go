@@ -57,7 +57,7 @@ func TestRes(t *testing.T) {
 
 	dir := t.TempDir()
 	d.SetFuseStats(func() fs.FuseStats {
-		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2}
+		return fs.FuseStats{Transport: "io_uring", Queues: 2, EntriesPerQueue: 8, DevRequests: 3, RingRequests: 40, RingAsync: 2, RingPending: 30}
 	})
 	var js bytes.Buffer
 	if err := d.Stats(&js, true); err != nil {
@@ -90,7 +90,7 @@ func TestRes(t *testing.T) {
 		t.Errorf("res peer:\n%s", peer)
 	}
 
-	if got := res("fuse"); got != "transport io_uring queues 2 entries-per-queue 8 dev-requests 3 ring-requests 40 ring-async 2 fallback-copies 0\n" {
+	if got := res("fuse"); got != "transport io_uring queues 2 entries-per-queue 8 dev-requests 3 ring-requests 40 ring-async 2 ring-pending 30 fallback-copies 0\n" {
 		t.Errorf("res fuse: %q", got)
 	}
 	var fuse map[string]any
