@@ -170,13 +170,13 @@ func (p *PendingRead) Await(d time.Duration) bool {
 		if ready == nil {
 			ready = func() bool { return n.opReady(o) }
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), d)
+		ctx, cancel := clock.WithTimeout(context.Background(), n.clock, d)
 		_ = n.dscq.Drive(ctx, o.done, ready)
 		cancel()
 		return p.Ready()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
+	expired, stop := clock.After(n.clock, d)
+	defer stop()
 	for {
 		select {
 		case <-o.done:
@@ -187,7 +187,7 @@ func (p *PendingRead) Await(d time.Duration) bool {
 			if p.Ready() {
 				return true
 			}
-		case <-t.C:
+		case <-expired:
 			return p.Ready()
 		}
 	}
